@@ -1,0 +1,138 @@
+"""Load a local Hugging Face checkpoint directory of the Llama family into `Transformer`.
+
+Only safetensors are read (no pickle). Supported `model_type`s: llama (Llama 2/3, SmolLM),
+mistral, qwen2 (q/k/v biases).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from handler.engine.model import ModelArgs, Transformer
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+REQUIRED_FILES = ("config.json", "tokenizer.json")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory cannot be served; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    args: ModelArgs
+    config: dict
+    weight_files: tuple[Path, ...]
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    for name in REQUIRED_FILES:
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+    weight_files = tuple(sorted(path.glob("*.safetensors")))
+    if not weight_files:
+        found = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+        hint = f" (found {', '.join(found)}: pickle weights are not loaded; convert them to safetensors)" if found else ""
+        raise CheckpointError(f"checkpoint {path} has no *.safetensors weights{hint}")
+    config = json.loads((path / "config.json").read_text())
+    return Checkpoint(path, model_args_from_config(config), config, weight_files)
+
+
+def model_args_from_config(config: dict) -> ModelArgs:
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(
+            f"unsupported architecture model_type={model_type!r} "
+            f"(architectures={config.get('architectures')}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+    if missing:
+        raise CheckpointError(f"config.json is missing {', '.join(missing)}")
+    n_heads = config["num_attention_heads"]
+    dim = config["hidden_size"]
+    return ModelArgs(
+        vocab_size=config["vocab_size"],
+        dim=dim,
+        n_layers=config["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=config.get("num_key_value_heads") or n_heads,
+        head_dim=config.get("head_dim") or dim // n_heads,
+        intermediate_size=config["intermediate_size"],
+        norm_eps=config.get("rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(config),
+        qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        rope_llama3_scaling=_llama3_scaling(config),
+    )
+
+
+def _rope_params(config: dict) -> dict:
+    # transformers >= 5 writes "rope_parameters"; older checkpoints "rope_theta" + "rope_scaling".
+    return config.get("rope_parameters") or config.get("rope_scaling") or {}
+
+
+def _rope_theta(config: dict) -> float:
+    return float(_rope_params(config).get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _llama3_scaling(config: dict) -> tuple[float, float, float, int] | None:
+    params = _rope_params(config)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    if kind != "llama3":
+        raise CheckpointError(f"unsupported rope scaling {kind!r}; supported: default, llama3")
+    return (
+        float(params["factor"]),
+        float(params["low_freq_factor"]),
+        float(params["high_freq_factor"]),
+        int(params["original_max_position_embeddings"]),
+    )
+
+
+def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device = "cpu") -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(ckpt.args)
+    state = _read_state(ckpt, dtype)
+    model.load_state_dict(_to_engine_names(state, ckpt.args), assign=True, strict=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _read_state(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for file in ckpt.weight_files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                state[name] = f.get_tensor(name).to(dtype)
+    return state
+
+
+def _to_engine_names(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise CheckpointError(f"weights are missing tensor {name}")
+        return hf[name]
+
+    out = {"tok_embeddings.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    out["output.weight"] = out["tok_embeddings.weight"] if args.tie_embeddings else take("lm_head.weight")
+    for i in range(args.n_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "attention.wqkv.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        if args.qkv_bias:
+            out[dst + "attention.wqkv.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
+        out[dst + "attention.wo.weight"] = take(attn + "o_proj.weight")
+        mlp = src + "mlp."
+        out[dst + "feed_forward.w13.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+        out[dst + "feed_forward.w2.weight"] = take(mlp + "down_proj.weight")
+        out[dst + "attention_norm.weight"] = take(src + "input_layernorm.weight")
+        out[dst + "ffn_norm.weight"] = take(src + "post_attention_layernorm.weight")
+    return out

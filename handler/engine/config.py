@@ -1,0 +1,48 @@
+"""Engine configuration: what to load, where, in which dtype, and how to compile it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    checkpoint_dir: Path
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    max_batch_size: int = 32  # KV-cache slots: sequences decoded together
+    max_seq_len: int = 2048  # prompt + generated tokens per sequence
+    compile: Literal["inductor", "eager"] = "inductor"
+    on_compile_error: Literal["raise", "eager"] = "raise"
+    freezing: bool = True  # Inductor constant-folds and prepacks weights (oneDNN on CPU)
+    cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
+    threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.compile not in ("inductor", "eager"):
+            raise ValueError(f"compile must be 'inductor' or 'eager', got {self.compile!r}")
+        if self.on_compile_error not in ("raise", "eager"):
+            raise ValueError(f"on_compile_error must be 'raise' or 'eager', got {self.on_compile_error!r}")
+        if not self.device.startswith(("cpu", "cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.max_batch_size < 1 or self.max_seq_len < 32:
+            raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 32, got {self.max_batch_size}, {self.max_seq_len}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def compile_signature(self) -> dict:
+        """What a compiled artifact depends on (the checkpoint path does not matter, its weights do)."""
+        d = asdict(self)
+        d.pop("checkpoint_dir")
+        d.pop("on_compile_error")
+        d["device"] = torch.device(self.device).type
+        return d

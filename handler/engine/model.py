@@ -1,0 +1,203 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2) written for torch.compile.
+
+Every sequence in a batch lives in its own KV-cache slot with its own position, so prompts of
+different lengths share one batch and slots can be freed and refilled between decode steps.
+Shapes: B = sequences in the call, T = tokens per sequence, S = cached positions attended,
+H = query heads, K = key/value heads, D = head dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    rope_theta: float
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
+    rope_llama3_scaling: tuple[float, float, float, int] | None = None
+
+
+class KVCache(nn.Module):
+    def __init__(self, slots: int, max_seq: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        super().__init__()
+        shape = (slots, n_kv_heads, max_seq, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def write_prefill(self, slot_ids: Tensor, k: Tensor, v: Tensor) -> None:
+        # slot_ids: [B]; k, v: [B, K, T, D] written at positions 0..T-1 of each slot
+        t = k.shape[2]
+        self.k[slot_ids, :, :t] = k
+        self.v[slot_ids, :, :t] = v
+
+    def write_decode(self, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
+        # input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
+        rows = torch.arange(k.shape[0], device=k.device)
+        self.k[rows, :, input_pos] = k[:, :, 0]
+        self.v[rows, :, input_pos] = v[:, :, 0]
+
+
+def rope_frequencies(args: ModelArgs, max_seq: int) -> tuple[Tensor, Tensor]:
+    """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF)."""
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
+    if args.rope_llama3_scaling is not None:
+        inv_freq = _llama3_scale(inv_freq, *args.rope_llama3_scaling)
+    angles = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def _llama3_scale(inv_freq: Tensor, factor: float, low: float, high: float, original_max: int) -> Tensor:
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original_max / low, original_max / high
+    smooth = (original_max / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(is_mid, mid, scaled)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [B, heads, T, D]; cos, sin: [B, 1, T, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        qkv_out = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+        # q, k and v fused into one matmul: one weight read per layer instead of three.
+        self.wqkv = nn.Linear(args.dim, qkv_out, bias=args.qkv_bias)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        a = self.args
+        b, t, _ = x.shape
+        q, k, v = self.wqkv(x).split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim], -1)
+        q = q.view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
+        k = k.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        v = v.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _out(self, y: Tensor) -> Tensor:
+        b, _, t, _ = y.shape
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor) -> Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        self.kv_cache.write_prefill(slot_ids, k, v)
+        # Fresh sequences start at position 0, so attention needs only the prompt itself.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self._out(y)
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+        q, k, v = self._qkv(x, cos, sin)
+        self.kv_cache.write_decode(input_pos, k, v)
+        b = x.shape[0]
+        keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
+        values = self.kv_cache.v[:b, :, :kv_len]
+        # mask: [B, 1, 1, S], slot b sees its own positions 0..input_pos[b]
+        mask = torch.arange(kv_len, device=x.device)[None, :] <= input_pos[:, None]
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True)
+        return self._out(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.hidden = args.intermediate_size
+        self.w13 = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).split(self.hidden, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor) -> Tensor:
+        h = x + self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+        h = x + self.attention.decode(self.attention_norm(x), cos, sin, input_pos, kv_len)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.max_seq = 0
+
+    def setup_cache(self, slots: int, max_seq: int) -> None:
+        dtype, device = self.output.weight.dtype, self.output.weight.device
+        self.max_seq = max_seq
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(slots, max_seq, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
+        cos, sin = rope_frequencies(self.args, max_seq)
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
+
+    def prefill(self, tokens: Tensor, slot_ids: Tensor, last_index: Tensor) -> Tensor:
+        """tokens: [B, T] right-padded prompts; last_index: [B] index of each prompt's last token.
+        Writes positions 0..T-1 of each slot and returns next-token logits [B, V] (float32)."""
+        t = tokens.shape[1]
+        cos, sin = self.rope_cos[None, None, :t], self.rope_sin[None, None, :t]
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer.prefill(x, cos, sin, slot_ids)
+        last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
+        return self.output(self.norm(last)).float()
+
+    def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+        """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
+        positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
+        cos = self.rope_cos[input_pos][:, None, None, :]  # [B, 1, 1, D]
+        sin = self.rope_sin[input_pos][:, None, None, :]
+        x = self.tok_embeddings(tokens[:, None])
+        for layer in self.layers:
+            x = layer.decode(x, cos, sin, input_pos, kv_len)
+        return self.output(self.norm(x[:, 0])).float()

@@ -1,0 +1,67 @@
+"""Per-request sampling: greedy, temperature, top-k, top-p, each request with its own seed."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means no top-k cut
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        assert self.max_new_tokens >= 1, self.max_new_tokens
+        assert self.temperature >= 0.0, self.temperature
+        assert self.top_k >= 0, self.top_k
+        assert 0.0 < self.top_p <= 1.0, self.top_p
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    gen = torch.Generator()
+    if params.seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(params.seed)
+    return gen
+
+
+def sample_next(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """logits: [B, V] float32 on any device; returns one token id per row."""
+    greedy_ids = logits.argmax(dim=-1).tolist()
+    out = []
+    for row, (p, gen) in enumerate(zip(params, generators)):
+        out.append(greedy_ids[row] if p.greedy else _sample_row(logits[row].float().cpu(), p, gen))
+    return out
+
+
+def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    # logits: [V] on CPU, so the seeded CPU generator makes a request reproducible on any device.
+    logits = logits / p.temperature
+    if p.top_k:
+        kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        probs = _top_p_filter(probs, p.top_p)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    sorted_probs, order = probs.sort(descending=True)
+    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(0, order, sorted_probs)

@@ -1,0 +1,67 @@
+"""Tokenizer and chat template of a checkpoint directory (tokenizers + a sandboxed Jinja2)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+@dataclass
+class Tokenizer:
+    backend: HFTokenizer
+    eos_ids: frozenset[int]
+    chat_template: str | None
+    special_tokens: dict[str, str]
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "Tokenizer":
+        path = Path(path)
+        backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        tok_cfg = _read_json(path / "tokenizer_config.json")
+        template = tok_cfg.get("chat_template")
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        specials = {k: _token_text(tok_cfg.get(k)) for k in ("bos_token", "eos_token") if tok_cfg.get(k)}
+        return cls(backend, _eos_ids(path, backend, specials), template, specials)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(ids, skip_special_tokens=True)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        if not self.chat_template:
+            raise ChatTemplateError("this model has no chat template; send `prompt` instead of `messages`")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        template = env.from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=True, **self.special_tokens)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        # The template already writes the special tokens it wants.
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_text(value) -> str:
+    return value["content"] if isinstance(value, dict) else str(value)
+
+
+def _eos_ids(path: Path, backend: HFTokenizer, specials: dict[str, str]) -> frozenset[int]:
+    ids: set[int] = set()
+    for cfg in (_read_json(path / "config.json"), _read_json(path / "generation_config.json")):
+        eos = cfg.get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if "eos_token" in specials and (tid := backend.token_to_id(specials["eos_token"])) is not None:
+        ids.add(tid)
+    return frozenset(ids)

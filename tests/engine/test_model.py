@@ -1,0 +1,89 @@
+"""The engine's decoder against transformers' reference implementation on the same weights."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from handler.engine.checkpoint import load_model, open_checkpoint
+
+FP32_ATOL = 2e-4  # max |logit difference| allowed in fp32 (logits are O(10))
+
+
+def _reference(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _compare_prefill_and_decode(path, prompt_ids):
+    ours = load_model(open_checkpoint(path), torch.float32)
+    ours.setup_cache(2, 64)
+    ref = _reference(path)
+    ids = torch.tensor([prompt_ids])
+    t = ids.shape[1]
+    with torch.inference_mode():
+        ref_logits = ref(ids).logits[0]
+        got_prefill = ours.prefill(ids, torch.tensor([0]), torch.tensor([t - 1]))[0]
+        nxt = int(ref_logits[-1].argmax())
+        ref_next = ref(torch.cat([ids, torch.tensor([[nxt]])], 1)).logits[0, -1]
+        got_next = ours.decode(torch.tensor([nxt]), torch.tensor([t]), t + 1)[0]
+    assert (got_prefill - ref_logits[-1]).abs().max().item() < FP32_ATOL
+    assert (got_next - ref_next).abs().max().item() < FP32_ATOL
+
+
+def test_smollm2_logits_match_transformers(default_checkpoint):
+    _compare_prefill_and_decode(default_checkpoint, [1, 504, 3458, 282, 4649, 314, 253, 30])
+
+
+@pytest.fixture(scope="module")
+def qwen2_random_checkpoint(tmp_path_factory):
+    """A small random-weight Qwen2-style checkpoint: q/k/v biases, GQA, untied head."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                         rope_theta=10000.0, max_position_embeddings=256)
+    model = Qwen2ForCausalLM(config)
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.5)  # nonzero biases, so a dropped bias shows
+    path = tmp_path_factory.mktemp("qwen2")
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "tokenizer.json").write_text(json.dumps({}))  # only presence is checked here
+    return path
+
+
+def test_qwen2_with_biases_matches_transformers(qwen2_random_checkpoint):
+    _compare_prefill_and_decode(qwen2_random_checkpoint, [5, 17, 300, 42, 7, 99])
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    from handler.engine.checkpoint import CheckpointError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="unsupported architecture model_type='gpt2'"):
+        open_checkpoint(tmp_path)
+
+
+def test_missing_tokenizer_is_named(tmp_path):
+    from handler.engine.checkpoint import CheckpointError
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="missing tokenizer.json"):
+        open_checkpoint(tmp_path)
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path):
+    from handler.engine.checkpoint import CheckpointError
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="pickle weights are not loaded"):
+        open_checkpoint(tmp_path)
