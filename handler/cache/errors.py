@@ -1,0 +1,30 @@
+"""Exceptions raised at the edge of the artifact cache.
+
+    CacheStoreError
+     ├── StoreUnavailable           the store cannot be used at all: fix config, network or credentials
+     ├── ArtifactNotFound           the store works but holds no artifact for this key (a cache miss)
+     └── ArtifactVerificationError  the artifact does not match its manifest; it is never installed
+"""
+
+from __future__ import annotations
+
+
+class CacheStoreError(Exception):
+    """Base class: every failure the cache reports on purpose."""
+
+
+class StoreUnavailable(CacheStoreError):
+    """Unreachable endpoint, refused credentials, missing bucket. The message says what to fix."""
+
+
+class ArtifactNotFound(CacheStoreError):
+    """No complete artifact (no manifest) is stored under the key."""
+
+
+class ArtifactVerificationError(CacheStoreError):
+    """A file is missing, extra, or differs from the manifest, or the manifest itself is unusable."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason

@@ -1,0 +1,89 @@
+"""Installing a downloaded artifact: one downloader at a time, staged, renamed into place.
+
+Layout beside the destination `<parent>/<name>`:
+    <parent>/.<name>.lock        flock'ed while checking and installing; never deleted
+    <parent>/.<name>.tmp-XXXX/   staging dir, same filesystem, so the final rename is atomic
+    <parent>/.<name>.old-XXXX/   the previous dest_dir, moved aside while being replaced
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from handler.cache.errors import ArtifactVerificationError
+from handler.cache.manifest import MANIFEST_NAME, Manifest, sizes_match
+
+
+@contextmanager
+def install_lock(dest_dir: Path) -> Iterator[None]:
+    """Exclusive lock shared by every process (and thread) installing into dest_dir.
+
+    The lock file is left behind: unlinking it would let a late waiter lock an inode that a
+    newcomer no longer sees. A crashed holder releases the lock with its file descriptor.
+    """
+    dest_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest_dir.parent / f".{dest_dir.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def installed_manifest(dest_dir: Path) -> Manifest | None:
+    try:
+        return Manifest.from_json((dest_dir / MANIFEST_NAME).read_bytes())
+    except FileNotFoundError:
+        return None
+    except ArtifactVerificationError:
+        return None  # a damaged local copy only means "not installed": fetch again
+
+
+def installed(dest_dir: Path, key_digest: str) -> Manifest | None:
+    """The manifest of the artifact for this key if it is already in place, else None.
+
+    Checks sizes, not hashes: every file was hashed when it was installed, and re-hashing
+    gigabytes on each worker start would cost what the cache is meant to save.
+    """
+    manifest = installed_manifest(dest_dir)
+    if manifest is None or manifest.key_digest != key_digest or not sizes_match(dest_dir, manifest):
+        return None
+    return manifest
+
+
+def clear_leftovers(dest_dir: Path) -> None:
+    """Remove staging and aside dirs of installs that crashed; call with the lock held."""
+    for pattern in (f".{dest_dir.name}.tmp-*", f".{dest_dir.name}.old-*"):
+        for path in dest_dir.parent.glob(pattern):
+            shutil.rmtree(path)
+
+
+@contextmanager
+def staging_dir(dest_dir: Path) -> Iterator[Path]:
+    """An empty directory beside dest_dir, removed on exit unless it was moved into place."""
+    staged = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.tmp-", dir=dest_dir.parent))
+    try:
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def replace_dir(staged: Path, dest_dir: Path) -> None:
+    """Move staged to dest_dir; an older dest_dir is moved aside first, then deleted.
+
+    rename() cannot replace a non-empty directory, so there is a short window with no
+    dest_dir at all; a crash there costs one more download, never a half-written artifact.
+    """
+    aside = None
+    if dest_dir.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.old-", dir=dest_dir.parent))
+        os.rename(dest_dir, aside / dest_dir.name)
+    os.rename(staged, dest_dir)
+    if aside is not None:
+        shutil.rmtree(aside)

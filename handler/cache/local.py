@@ -1,0 +1,75 @@
+"""LocalStore: the embedded default, a directory (local disk or a shared mount)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from handler.cache.errors import ArtifactNotFound, StoreUnavailable
+from handler.cache.progress import ByteCallback, copy_chunks, file_chunks
+from handler.cache.store import BlobStore
+
+
+class LocalStore(BlobStore):
+    def __init__(self, root: Path, **kwargs: Any) -> None:
+        """kwargs: BlobStore options (metrics, progress, workers)."""
+        super().__init__(**kwargs)
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return f"local store {self.root}"
+
+    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback) -> bool:
+        def write(f: BinaryIO) -> None:
+            with open(src, "rb") as s:
+                copy_chunks(file_chunks(s), f, on_bytes)
+
+        return self._put(name, write)
+
+    def _put_bytes(self, name: str, data: bytes) -> bool:
+        return self._put(name, lambda f: f.write(data))
+
+    def _put(self, name: str, write: Callable[[BinaryIO], object]) -> bool:
+        final = self.root / name
+        with self._errors():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".put-", dir=final.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())  # a manifest must never outlive the blobs it names
+                # link() refuses an existing name: the local twin of S3's If-None-Match: *.
+                os.link(tmp, final)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+
+    def _get_file(self, name: str, size: int, dest: Path, on_bytes: ByteCallback) -> None:
+        with self._errors():
+            src = open(self.root / name, "rb")
+        with src, open(dest, "wb") as d:
+            copy_chunks(file_chunks(src), d, on_bytes)
+
+    def _get_bytes(self, name: str) -> bytes:
+        with self._errors():
+            return (self.root / name).read_bytes()
+
+    def _has(self, name: str) -> bool:
+        return (self.root / name).is_file()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except FileNotFoundError as e:
+            raise ArtifactNotFound(f"{e.filename} not found in {self.describe()}") from e
+        except PermissionError as e:
+            raise StoreUnavailable(f"{self.describe()} is not accessible ({e}): fix its permissions "
+                                   "or set cache.local_dir") from e

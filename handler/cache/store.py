@@ -1,0 +1,192 @@
+"""The artifact store contract, and publish/fetch built once over per-backend blob primitives.
+
+Stored layout, under a backend's root or prefix:
+    <key digest>/blobs/<sha256>     file contents, content-addressed
+    <key digest>/manifest.json      written last and never overwritten: its presence marks
+                                    a complete artifact
+
+Blobs are named by content so that two publishers racing on one key never overwrite each
+other's files with different bytes (compiled code is not byte-reproducible); the loser's
+manifest put fails, and the winner's manifest still matches every blob it names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError
+from handler.cache.install import clear_leftovers, install_lock, installed, replace_dir, staging_dir
+from handler.cache.key import CacheKey
+from handler.cache.manifest import MANIFEST_NAME, FileEntry, Manifest, build_manifest, verify_dir
+from handler.cache.metrics import CacheMetrics
+from handler.cache.progress import ByteCallback, byte_progress
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    key_digest: str
+    published: bool  # False: an artifact was already there (maybe a concurrent publisher won)
+    files: int
+    bytes: int
+    location: str
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    key_digest: str
+    dest_dir: Path
+    downloaded: bool  # False: already in place, e.g. installed by another worker
+    files: int
+    bytes: int
+    seconds: float
+
+
+class ArtifactStore(Protocol):
+    def publish(self, key: CacheKey, src_dir: Path) -> PublishResult: ...
+    def fetch(self, key: CacheKey, dest_dir: Path) -> FetchResult: ...
+    def exists(self, key: CacheKey) -> bool: ...
+    def describe(self) -> str: ...
+
+
+def manifest_name(digest: str) -> str:
+    return f"{digest}/manifest.json"
+
+
+def blob_name(digest: str, sha256: str) -> str:
+    return f"{digest}/blobs/{sha256}"
+
+
+class BlobStore(ABC):
+    """ArtifactStore over five primitives a backend implements (names are relative to its root)."""
+
+    def __init__(self, *, metrics: CacheMetrics | None = None, progress: bool = True,
+                 workers: int = 8) -> None:
+        assert workers >= 1, workers
+        self.metrics = metrics if metrics is not None else CacheMetrics.create()
+        self.progress = progress
+        self.workers = workers  # files move in parallel: artifacts are often many small files
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+    @abstractmethod
+    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback) -> bool:
+        """Store src under name unless name exists; False when it already did."""
+
+    @abstractmethod
+    def _put_bytes(self, name: str, data: bytes) -> bool:
+        """Store data under name unless name exists; False when it already did."""
+
+    @abstractmethod
+    def _get_file(self, name: str, size: int, dest: Path, on_bytes: ByteCallback) -> None:
+        """Write the blob to dest; ArtifactNotFound if absent."""
+
+    @abstractmethod
+    def _get_bytes(self, name: str) -> bytes:
+        """The blob's content; ArtifactNotFound if absent."""
+
+    @abstractmethod
+    def _has(self, name: str) -> bool: ...
+
+    def _preflight(self) -> None:
+        """Fail with StoreUnavailable before the first operation if the store cannot work."""
+
+    # ---- the contract
+
+    def exists(self, key: CacheKey) -> bool:
+        self._preflight()
+        return self._has(manifest_name(key.digest()))
+
+    def publish(self, key: CacheKey, src_dir: Path) -> PublishResult:
+        digest = key.digest()
+        if self.exists(key):  # skip hashing and uploading what is already stored
+            return PublishResult(digest, False, 0, 0, self.describe())
+        manifest = build_manifest(src_dir, key.describe())
+        if not manifest.files:
+            raise ValueError(f"{src_dir}: no files to publish")
+        unique = {e.sha256: e for e in manifest.files}  # identical files are stored once
+        total = sum(e.size for e in unique.values())
+        with byte_progress(total, f"upload {digest}", self.progress) as on_bytes:
+            self._parallel(lambda e: self._put_file(blob_name(digest, e.sha256), src_dir / e.path, on_bytes),
+                           unique.values())
+        # Last, and never overwritten: the manifest's presence is what marks the artifact complete.
+        published = self._put_bytes(manifest_name(digest), manifest.to_json())
+        return PublishResult(digest, published, len(manifest.files), manifest.total_bytes, self.describe())
+
+    def fetch(self, key: CacheKey, dest_dir: Path) -> FetchResult:
+        start = time.monotonic()
+        digest = key.digest()
+        with install_lock(dest_dir):
+            # A waiter that lost the lock race finds the winner's artifact here and skips the
+            # download; this path needs no store at all.
+            local = installed(dest_dir, digest)
+            if local is not None:
+                return FetchResult(digest, dest_dir, False, len(local.files), local.total_bytes,
+                                   time.monotonic() - start)
+            clear_leftovers(dest_dir)  # we hold the lock: any staging dir is from a dead process
+            self._preflight()
+            try:
+                manifest = self._install(key, dest_dir)
+            except ArtifactVerificationError as err:
+                self._reject(digest, err)
+                raise
+        self.metrics.downloads.inc()
+        return FetchResult(digest, dest_dir, True, len(manifest.files), manifest.total_bytes,
+                           time.monotonic() - start)
+
+    # ---- fetch steps
+
+    def _install(self, key: CacheKey, dest_dir: Path) -> Manifest:
+        manifest = self._load_manifest(key)
+        with staging_dir(dest_dir) as staged:
+            with byte_progress(manifest.total_bytes, f"download {key.digest()}", self.progress) as on_bytes:
+                self._parallel(lambda e: self._download(key.digest(), e, staged, on_bytes), manifest.files)
+            verify_dir(staged, manifest)
+            (staged / MANIFEST_NAME).write_bytes(manifest.to_json())
+            replace_dir(staged, dest_dir)
+        return manifest
+
+    def _load_manifest(self, key: CacheKey) -> Manifest:
+        try:
+            data = self._get_bytes(manifest_name(key.digest()))
+        except ArtifactNotFound as e:
+            raise ArtifactNotFound(f"no artifact {key.digest()} in {self.describe()}") from e
+        manifest = Manifest.from_json(data)
+        if manifest.key != key.describe():
+            raise ArtifactVerificationError(MANIFEST_NAME, f"describes key {manifest.key_digest!r}, "
+                                                           f"not {key.digest()!r}")
+        return manifest
+
+    def _download(self, digest: str, entry: FileEntry, staged: Path, on_bytes: ByteCallback) -> None:
+        dest = staged / entry.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._get_file(blob_name(digest, entry.sha256), entry.size, dest, on_bytes)
+        except ArtifactNotFound as e:
+            # The manifest promised this blob: the artifact is damaged, not merely absent.
+            raise ArtifactVerificationError(entry.path, "listed in manifest but missing from store") from e
+
+    def _reject(self, digest: str, err: ArtifactVerificationError) -> None:
+        self.metrics.rejected.inc()
+        log.error("compile cache: REJECTED artifact %s from %s: %s; it was discarded and not installed",
+                  digest, self.describe(), err)
+
+    def _parallel(self, fn: Callable[[T], object], items: Iterable[T]) -> None:
+        """Run fn over items on the worker pool; the first failure cancels the rest and is raised."""
+        with ThreadPoolExecutor(self.workers) as pool:
+            futures = [pool.submit(fn, item) for item in items]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in pending:
+                f.cancel()
+            for f in done:
+                f.result()

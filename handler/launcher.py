@@ -1,0 +1,195 @@
+"""Start and stop a real TorchServe process, and wait until a model's worker is READY.
+
+Used by `serve.sh`, the end-to-end tests and the benchmarks. TorchServe's `/ping` says Healthy
+while a worker is still loading, so readiness here is "a worker of the model reports READY" on the
+management API, as KServe's wrapper checks it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+PORT_KEYS = ("inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port")
+
+
+class TorchServeError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Ports:
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+
+    @classmethod
+    def free(cls) -> "Ports":
+        return cls(*(free_port() for _ in range(5)))
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    props = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            props[key.strip()] = value.strip()
+    return props
+
+
+def write_properties(props: dict[str, str], path: Path) -> None:
+    Path(path).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+
+def with_ports(props: dict[str, str], ports: Ports) -> dict[str, str]:
+    out = dict(props)
+    out["inference_address"] = f"http://127.0.0.1:{ports.inference}"
+    out["management_address"] = f"http://127.0.0.1:{ports.management}"
+    out["metrics_address"] = f"http://127.0.0.1:{ports.metrics}"
+    out["grpc_inference_address"] = "127.0.0.1"
+    out["grpc_management_address"] = "127.0.0.1"
+    out["grpc_inference_port"] = str(ports.grpc_inference)
+    out["grpc_management_port"] = str(ports.grpc_management)
+    return out
+
+
+@dataclass
+class TorchServe:
+    workdir: Path
+    ports: Ports
+    process: subprocess.Popen | None = None
+    keys: dict = field(default_factory=dict)
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.inference}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.management}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}"
+
+    def token(self, api: str = "inference") -> str | None:
+        if not self.keys:
+            key_file = self.workdir / "key_file.json"
+            try:
+                self.keys = json.loads(key_file.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or half-written
+                return None
+        return self.keys[api]["key"]
+
+    def headers(self, api: str = "inference") -> dict[str, str]:
+        token = self.token(api)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def describe(self, model: str) -> list[dict]:
+        r = requests.get(f"{self.management_url}/models/{model}", headers=self.headers("management"), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def ready_workers(self, model: str) -> int:
+        try:
+            workers = self.describe(model)[0].get("workers", [])
+        except (requests.RequestException, ValueError, IndexError):
+            return 0
+        return sum(w.get("status") == "READY" for w in workers)
+
+    def wait_ready(self, model: str, timeout: float) -> float:
+        """Block until a worker of `model` is READY; returns seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process is not None and self.process.poll() is not None:
+                raise TorchServeError(f"TorchServe exited; see {self.workdir / 'logs'}")
+            if self.ready_workers(model):
+                return time.monotonic() - start
+            time.sleep(0.2)
+        raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
+
+    def stop(self, timeout: float = 60) -> None:
+        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
+                       capture_output=True)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.send_signal(signal.SIGKILL)
+
+
+def _env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # TorchServe starts workers with the `python` on PATH: make it this environment's.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # TorchServe keeps its pid file in the temp dir: a private one lets instances coexist.
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(workdir / "tmp")
+    env["LOG_LOCATION"] = str(workdir / "logs")
+    env["METRICS_LOCATION"] = str(workdir / "logs")
+    env.update(extra or {})
+    return env
+
+
+def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path, workdir: Path, ports: Ports | None = None,
+                     extra_props: dict[str, str] | None = None, env: dict[str, str] | None = None) -> TorchServe:
+    """Start TorchServe in the background with its own copy of `ts_config` (ports replaced when
+    `ports` is given). Returns at once; call `wait_ready`."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    props = read_properties(ts_config)
+    if ports is not None:
+        props = with_ports(props, ports)
+    props.update(extra_props or {})
+    if "metrics_config" in props:  # relative to the config file it came from, not to workdir
+        props["metrics_config"] = str((Path(ts_config).parent / props["metrics_config"]).resolve())
+    config = workdir / "config.properties"
+    write_properties(props, config)
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
+           "--models", *(f"{name}={mar}" for name, mar in models.items())]
+    # The JVM writes key_file.json and ts.pid into its working directory.
+    log = open(workdir / "torchserve.out", "ab")
+    process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    ts = TorchServe(workdir, ports or _ports_from(props), process)
+    _wait_for_key_file(ts, props)
+    return ts
+
+
+def _ports_from(props: dict[str, str]) -> Ports:
+    def port(key: str, default: int) -> int:
+        value = props.get(key)
+        return int(value.rsplit(":", 1)[1]) if value and ":" in value.split("//")[-1] else int(value) if value else default
+
+    return Ports(port("inference_address", 8080), port("management_address", 8081), port("metrics_address", 8082),
+                 port("grpc_inference_port", 7070), port("grpc_management_port", 7071))
+
+
+def _wait_for_key_file(ts: TorchServe, props: dict[str, str], timeout: float = 60) -> None:
+    if props.get("disable_token_authorization", "false").lower() == "true":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ts.token("management"):
+            return
+        if ts.process.poll() is not None:
+            raise TorchServeError(f"TorchServe exited with {ts.process.returncode}; see {ts.workdir / 'torchserve.out'}")
+        time.sleep(0.1)
+    raise TorchServeError(f"TorchServe wrote no key_file.json within {timeout} s; see {ts.workdir / 'torchserve.out'}")

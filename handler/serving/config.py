@@ -1,0 +1,74 @@
+"""The `handler:` section of a model's model-config.yaml, parsed once into a frozen dataclass."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from handler.engine.config import EngineConfig
+
+
+class ConfigError(ValueError):
+    """The model configuration is invalid; the message names the key and what to change."""
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    checkpoint: str = "checkpoint"  # checkpoint directory, relative to the model directory
+    dtype: str = "bfloat16"
+    device: str = "cpu"  # "cpu" or "cuda" (the worker's GPU id from TorchServe is used)
+    max_batch_size: int = 32
+    max_seq_len: int = 2048
+    compile: str = "inductor"  # "inductor" or "eager"
+    on_compile_error: str = "raise"  # "raise" or "eager" (logged at ERROR and counted)
+    freezing: bool = True
+    cuda_graphs: bool = True
+    threads: int | None = None
+    max_new_tokens_cap: int = 1024  # requests asking for more get a 400
+    default_max_new_tokens: int = 128
+    served_model_name: str = "llm"  # the "model" OpenAI-style clients name
+    compile_cache_dir: str | None = None  # AOT artifacts restored by the sidecar (see docs/configuration.md)
+    continuous_batching: bool = True  # mirrors TorchServe's top-level continuousBatching key
+
+    @classmethod
+    def from_model_yaml(cls, model_yaml: dict | None) -> "HandlerConfig":
+        model_yaml = model_yaml or {}
+        section = model_yaml.get("handler") or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"model-config.yaml `handler:` must be a mapping, got {type(section).__name__}")
+        allowed = {f.name for f in dataclasses.fields(cls)} - {"continuous_batching"}
+        unknown = sorted(set(section) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown key(s) {', '.join(unknown)} in model-config.yaml `handler:`; allowed: {', '.join(sorted(allowed))}")
+        values = {k: _check_type(k, v) for k, v in section.items()}
+        values["continuous_batching"] = bool(model_yaml.get("continuousBatching", False))
+        cfg = cls(**values)
+        if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:
+            raise ConfigError("default_max_new_tokens must be between 1 and max_new_tokens_cap")
+        batch_size = int(model_yaml.get("batchSize", 1))
+        if batch_size > cfg.max_batch_size:
+            raise ConfigError(f"batchSize {batch_size} exceeds handler.max_batch_size {cfg.max_batch_size}: "
+                              "TorchServe would send more requests than the engine has slots")
+        return cfg
+
+    def engine_config(self, model_dir: Path, gpu_id: int | None) -> EngineConfig:
+        device = f"cuda:{gpu_id or 0}" if self.device == "cuda" else self.device
+        checkpoint = Path(self.checkpoint) if Path(self.checkpoint).is_absolute() else Path(model_dir) / self.checkpoint
+        try:
+            return EngineConfig(checkpoint, self.dtype, device, self.max_batch_size, self.max_seq_len, self.compile,
+                                self.on_compile_error, self.freezing, self.cuda_graphs, self.threads)
+        except ValueError as err:
+            raise ConfigError(f"model-config.yaml `handler:`: {err}") from err
+
+
+_TYPES = {f.name: f.type for f in dataclasses.fields(HandlerConfig)}
+
+
+def _check_type(key: str, value):
+    kind = _TYPES[key]
+    expected = {"str": str, "int": int, "bool": bool, "int | None": (int, type(None)), "str | None": (str, type(None))}[kind]
+    if isinstance(value, bool) and kind.startswith("int"):
+        raise ConfigError(f"handler.{key} must be an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"handler.{key} must be {kind}, got {value!r}")
+    return value

@@ -1,0 +1,97 @@
+"""The TorchServe handler: a thin adapter from TorchServe's context to the serving core.
+
+Archives name this file as their handler (`archive.sh` does), so TorchServe imports it by path;
+everything else is imported from the installed `handler` package.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ts.handler_utils.utils import send_intermediate_predict_response
+from ts.torch_handler.base_handler import BaseHandler
+from ts.utils.util import PredictionException
+
+from handler.engine.factory import build_engine
+from handler.serving.config import ConfigError, HandlerConfig
+from handler.serving.metrics import TorchServeSink
+from handler.serving.protocol import Limits
+from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
+
+log = logging.getLogger(__name__)
+
+
+class LLMHandler(BaseHandler):
+    def __init__(self):
+        super().__init__()
+        self.service: ContinuousService | DynamicService | None = None
+
+    def initialize(self, context):
+        props = context.system_properties
+        try:
+            cfg = HandlerConfig.from_model_yaml(context.model_yaml_config)
+            engine_cfg = cfg.engine_config(Path(props["model_dir"]), props.get("gpu_id"))
+        except ConfigError:
+            log.exception("invalid model configuration")
+            raise
+        sink = TorchServeSink(context.metrics, context.model_name)
+        loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1))
+        sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
+        log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
+                 engine_cfg.dtype, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
+        limits = Limits(cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
+        service_cls = ContinuousService if cfg.continuous_batching else DynamicService
+        self.service = service_cls(loaded.engine, limits, sink)
+        self.initialized = True
+
+    def handle(self, data, context):
+        # One error boundary: bad requests were answered per request inside the service; what
+        # reaches here is a server fault, reported for the whole batch.
+        self.service.metrics = TorchServeSink(context.metrics, context.model_name)
+        batch = [_incoming(i, row, context) for i, row in enumerate(data)]
+        try:
+            if isinstance(self.service, ContinuousService):
+                replies = self.service.handle(batch)
+            else:
+                replies = self.service.handle(batch, lambda partial: _send_partial(partial, context))
+        except Exception as err:
+            log.exception("generation failed")
+            for inc in batch:
+                self.service.engine.cancel(inc.request_id)
+                self.service.live.pop(inc.request_id, None)
+            raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
+        return _apply(replies, context, continuous=isinstance(self.service, ContinuousService))
+
+
+def _incoming(idx: int, row: dict, context) -> Incoming:
+    headers = context.request_processor[idx].get_request_properties()
+    body = row.get("body", row.get("data")) if row else None
+    http = any(k.lower() == "host" for k in headers)  # gRPC requests carry no HTTP headers
+    return Incoming(context.get_request_id(idx), body, http, headers.get("url_path", "") or "")
+
+
+def _apply(replies: list[Reply], context, continuous: bool) -> list[str]:
+    for idx, reply in enumerate(replies):
+        if reply.status != 200:
+            context.set_response_status(reply.status, _phrase(reply.status), idx)
+        context.set_response_content_type(idx, reply.content_type)
+    if continuous:
+        # TorchServe asks each criterion "is this request done?" to set ts_stream_next; None means
+        # a whole (non-chunked) response.
+        context.stopping_criteria = [_criterion(r.more) for r in replies]
+    return [r.body for r in replies]
+
+
+def _criterion(more: bool | None):
+    return lambda _output: None if more is None else not more
+
+
+def _send_partial(partial: dict[int, Reply], context) -> None:
+    ids = {idx: context.request_ids[idx] for idx in partial}
+    bodies = [partial[idx].body if idx in partial else "" for idx in range(len(context.request_ids))]
+    send_intermediate_predict_response(bodies, ids, "Intermediate Prediction success", 200, context)
+
+
+def _phrase(status: int) -> str:
+    return {400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}.get(status, "Error")

@@ -1,0 +1,194 @@
+"""Parse and validate a request body into a GenerationRequest, or raise RequestError (a 4xx).
+
+Three APIs share one engine: the native JSON API (`/predictions/<model>`) and OpenAI-style
+`v1/completions` and `v1/chat/completions` (TorchServe passes the URL suffix as `url_path`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from handler.engine.sampling import SamplingParams
+
+API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
+MAX_STOP_STRINGS = 4
+ROLES = ("system", "user", "assistant")
+
+
+class RequestError(ValueError):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_seq_len: int
+    max_new_tokens_cap: int
+    default_max_new_tokens: int
+    served_model_name: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    api: str  # "native", "completions" or "chat"
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+
+
+# Fields each API accepts; anything else is rejected by name.
+_COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
+FIELDS = {
+    "native": _COMMON | {"prompt", "messages"},
+    "completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+                    "stream_options", "n", "user"},
+    "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+             "stop", "stream", "stream_options", "n", "user"},
+}
+
+
+def api_for_path(url_path: str) -> str:
+    path = url_path.strip("/")
+    if path not in API_BY_PATH:
+        known = ", ".join(repr(p) for p in API_BY_PATH if p)
+        raise RequestError(f"unknown route {path!r} after the model version; use {known}", status=404)
+    return API_BY_PATH[path]
+
+
+def decode_body(body: Any) -> dict:
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RequestError(f"request body is not valid UTF-8 (byte {err.start}); send UTF-8 encoded JSON") from err
+    if isinstance(body, str):
+        if not body.strip():
+            raise RequestError("request body is empty; send a JSON object such as {\"prompt\": \"Hello\"}")
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as err:
+            raise RequestError(f"request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from err
+    if not isinstance(body, dict):
+        raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
+                  encode_chat: Callable[[list[dict]], list[int]], limits: Limits) -> GenerationRequest:
+    api = api_for_path(url_path)
+    data = decode_body(body)
+    unknown = sorted(set(data) - FIELDS[api])
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(FIELDS[api]))}")
+    if api != "native":
+        _check_openai_extras(data, limits)
+    prompt_ids = _prompt_ids(api, data, encode, encode_chat)
+    params = _sampling(api, data, limits)
+    if len(prompt_ids) + params.max_new_tokens > limits.max_seq_len:
+        raise RequestError(
+            f"prompt is {len(prompt_ids)} tokens and max_new_tokens is {params.max_new_tokens}: together they exceed "
+            f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
+    stream = _get(data, "stream", bool, False)
+    options = _get(data, "stream_options", dict, {}) or {}
+    return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)))
+
+
+def _check_openai_extras(data: dict, limits: Limits) -> None:
+    model = _get(data, "model", str, None)
+    if model is not None and model != limits.served_model_name:
+        raise RequestError(f"model {model!r} does not exist; this endpoint serves {limits.served_model_name!r}", status=404)
+    if _get(data, "n", int, 1) != 1:
+        raise RequestError("only n=1 is supported; send one request per completion")
+
+
+def _prompt_ids(api: str, data: dict, encode, encode_chat) -> list[int]:
+    has_prompt, has_messages = "prompt" in data, "messages" in data
+    if api == "native" and has_prompt == has_messages:
+        raise RequestError("send exactly one of `prompt` (a string) or `messages` (a chat)")
+    if api == "chat" or (api == "native" and has_messages):
+        return _chat_ids(data.get("messages"), encode_chat)
+    prompt = data.get("prompt")
+    if api == "completions" and isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]  # OpenAI clients may wrap a single prompt in a list
+    if not isinstance(prompt, str):
+        raise RequestError(f"`prompt` must be a string, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise RequestError("`prompt` is empty; send some text to complete")
+    return encode(prompt)
+
+
+def _chat_ids(messages: Any, encode_chat) -> list[int]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("`messages` must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) - {"role", "content", "name"} or "role" not in m or "content" not in m:
+            raise RequestError(f"messages[{i}] must be an object with `role` and `content`")
+        if m["role"] not in ROLES:
+            raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}")
+        clean.append({"role": m["role"], "content": _message_text(m["content"], i)})
+    if not any(m["content"].strip() for m in clean):
+        raise RequestError("every message in `messages` is empty; send some text")
+    try:
+        return encode_chat(clean)
+    except ValueError as err:  # no chat template
+        raise RequestError(str(err)) from err
+
+
+def _message_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    # OpenAI's list-of-parts form; only text parts are meaningful to a text model.
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
+
+
+def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
+    if api == "native":
+        max_new = _get(data, "max_new_tokens", int, limits.default_max_new_tokens)
+        temperature = _get(data, "temperature", float, 0.0)
+    else:
+        # OpenAI defaults: max_tokens 16 for completions, temperature 1.0.
+        default = 16 if api == "completions" else limits.default_max_new_tokens
+        max_new = _get(data, "max_completion_tokens", int, None) or _get(data, "max_tokens", int, default)
+        temperature = _get(data, "temperature", float, 1.0)
+    if not 1 <= max_new <= limits.max_new_tokens_cap:
+        raise RequestError(f"max_new_tokens must be between 1 and {limits.max_new_tokens_cap}, got {max_new}")
+    if not 0.0 <= temperature <= 100.0:
+        raise RequestError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    top_p = _get(data, "top_p", float, 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    top_k = _get(data, "top_k", int, 0)
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
+    seed = _get(data, "seed", int, None)
+    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")))
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("`stop` must be a non-empty string or a list of non-empty strings")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+    return tuple(stops)
+
+
+def _get(data: dict, key: str, kind: type, default):
+    if key not in data or data[key] is None:
+        return default
+    value = data[key]
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object"}
+        raise RequestError(f"`{key}` must be {names[kind]}, got {json.dumps(value)}")
+    return float(value) if kind is float else value

@@ -1,0 +1,174 @@
+"""Request lifecycle over the engine for TorchServe's two batching modes, with no TorchServe in it.
+
+`ContinuousService` is driven once per TorchServe `handle` call in continuousBatching mode: the
+frontend sends every live request each call (a continuing one with no body), we run one engine
+step, and answer each with the next piece. `DynamicService` serves a batch to completion
+(batchSize/maxBatchDelay mode), streaming through an injected callback.
+
+Transport rules come from TorchServe 0.12.0's frontend:
+- HTTP: a reply marked `more=True` opens a chunked response; `more=False` ends it; `more=None` is
+  a whole response (the only form that may carry a 4xx, and the only form allowed for a request
+  answered in its first call).
+- gRPC (no HTTP headers): in continuous mode the frontend completes a unary call on its first
+  reply and drops a stream after its first reply, so gRPC requests are finished inside the call
+  that admits them (one reply, `more=False`). Token-by-token gRPC streaming needs dynamic mode.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from handler.engine.engine import Engine, EngineFull, StepOutput
+from handler.serving.formats import Formatter, error_body
+from handler.serving.metrics import MetricSink
+from handler.serving.protocol import GenerationRequest, Limits, RequestError, parse_request
+
+
+@dataclass(frozen=True)
+class Incoming:
+    request_id: str
+    body: object | None  # None: a continuing request whose body TorchServe keeps in the backend
+    http: bool
+    url_path: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    body: str
+    status: int = 200
+    content_type: str = "application/json"
+    more: bool | None = None
+
+
+@dataclass
+class Live:
+    req: GenerationRequest
+    fmt: Formatter
+    http: bool
+    arrived: float
+    first_token_at: float | None = None
+    text: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
+    opened: bool = False  # a chunked HTTP response has started
+    finish_reason: str | None = None
+    usage: tuple[int, int] = (0, 0)
+
+
+class _Base:
+    def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic):
+        self.engine, self.limits, self.metrics, self.clock = engine, limits, metrics, clock
+        self.live: dict[str, Live] = {}
+
+    def _admit(self, inc: Incoming) -> Reply | None:
+        """Parse and add to the engine; a Reply only when the request is refused."""
+        tok = self.engine.tokenizer
+        try:
+            req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
+        except RequestError as err:
+            self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
+            return Reply(error_body(err.message, err.status), err.status)
+        try:
+            self.engine.add(inc.request_id, req.prompt_ids, req.params)
+        except EngineFull as err:  # batchSize <= slots is checked at load; this is a safety net
+            self.metrics.observe("ts_llm_request_failure_total", 1, "engine_full")
+            return Reply(error_body(f"{err}; retry", 503), 503)
+        self.live[inc.request_id] = Live(req, Formatter(req.api, self.limits.served_model_name, req.include_usage), inc.http, self.clock())
+        self.metrics.observe("ts_llm_prompt_tokens_total", len(req.prompt_ids))
+        return None
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        now = self.clock()
+        for out in outputs:
+            self._record(self.live[out.request_id], out, now)
+        self.metrics.observe("ts_llm_requests_running", self.engine.running)
+        self.metrics.observe("ts_llm_batch_occupancy_ratio", 100.0 * len(outputs) / len(self.engine._slots))
+
+    def _record(self, live: Live, out: StepOutput, now: float) -> None:
+        if live.first_token_at is None:
+            live.first_token_at = now
+            self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
+        live.text.append(out.text)
+        live.usage = (out.prompt_tokens, out.completion_tokens)
+        self.metrics.observe("ts_llm_generation_tokens_total", len(out.token_ids))
+        if live.req.stream and (out.text or out.finished):
+            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, *live.usage))
+        if out.finished:
+            live.finish_reason = out.finish_reason
+            self._finished_metrics(live, now)
+
+    def _finished_metrics(self, live: Live, now: float) -> None:
+        self.metrics.observe("ts_llm_e2e_request_latency_seconds", now - live.arrived)
+        self.metrics.observe("ts_llm_request_success_total", 1, live.finish_reason)
+        generated = live.usage[1]
+        if generated > 1:
+            self.metrics.observe("ts_llm_time_per_output_token_seconds", (now - live.first_token_at) / (generated - 1))
+
+    def _whole(self, live: Live) -> str:
+        if live.req.stream:
+            return "".join(live.pending)
+        return live.fmt.whole("".join(live.text), live.finish_reason, *live.usage)
+
+
+class ContinuousService(_Base):
+    def handle(self, batch: list[Incoming]) -> list[Reply]:
+        present = {inc.request_id for inc in batch}
+        for gone in [rid for rid in self.live if rid not in present]:
+            # The frontend stopped sending it: the client went away or timed out.
+            self.engine.cancel(gone)
+            del self.live[gone]
+            self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")
+        refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._admit(inc))}
+        if self.engine.running:
+            self._step()
+        # gRPC requests must be answered whole, now (see module docstring); the rest keep pace.
+        while any(not self.live[i.request_id].http and self.live[i.request_id].finish_reason is None
+                  for i in batch if i.request_id in self.live):
+            self._step()
+        return [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
+
+    def _reply(self, request_id: str) -> Reply:
+        live = self.live[request_id]
+        done = live.finish_reason is not None
+        ctype = live.fmt.content_type(live.req.stream)
+        if done:
+            del self.live[request_id]
+        if not live.http:
+            return Reply(self._whole(live), content_type=ctype, more=False)
+        if done and not live.opened:
+            return Reply(self._whole(live), content_type=ctype, more=None)
+        live.opened = True
+        if not live.req.stream:
+            # A non-streaming HTTP client still rides the chunked response: empty pieces until the end.
+            return Reply(self._whole(live) if done else "", content_type=ctype, more=not done)
+        body, live.pending = "".join(live.pending), []
+        return Reply(body, content_type=ctype, more=not done)
+
+
+class DynamicService(_Base):
+    """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
+
+    def handle(self, batch: list[Incoming], send_partial: Callable[[dict[int, Reply]], None]) -> list[Reply]:
+        refused = {}
+        waiting = list(range(len(batch)))
+        while waiting or self.engine.running:
+            while waiting and self.engine.free_slots:
+                i = waiting.pop(0)
+                if reply := self._admit(batch[i]):
+                    refused[i] = reply
+            self._step()
+            partial = {}
+            for i, inc in enumerate(batch):
+                live = self.live.get(inc.request_id)
+                if live and live.req.stream and live.finish_reason is None and live.pending:
+                    partial[i] = Reply("".join(live.pending), content_type=live.fmt.content_type(True), more=True)
+                    live.pending, live.opened = [], True
+            if partial:
+                send_partial(partial)
+        return [refused.get(i) or self._final(inc.request_id) for i, inc in enumerate(batch)]
+
+    def _final(self, request_id: str) -> Reply:
+        live = self.live.pop(request_id)
+        return Reply(self._whole(live), content_type=live.fmt.content_type(live.req.stream),
+                     more=False if live.opened else None)

@@ -1,0 +1,25 @@
+"""Spot-termination sidecar for TorchServe: watch, drain, publish, stop.
+
+Public API (everything else is internal):
+
+    SidecarConfig, load_config          config.py
+    Sidecar, Hooks                      watch.py   (the `watch` loop)
+    run_drain, DrainDeps, DrainReport   drain.py
+    DrainPlan, DrainPolicy, plan_drain  drain_plan.py
+    TerminationNotice, NoticeKind       notice.py
+    TorchServeClient, in_flight_reader  torchserve_client.py
+    MetadataEmulator                    emulator.py (tests and the chaos run)
+"""
+
+from handler.sidecar.config import SidecarConfig, load_config
+from handler.sidecar.drain import DrainDeps, DrainReport, run_drain
+from handler.sidecar.drain_plan import DrainPlan, DrainPolicy, plan_drain
+from handler.sidecar.notice import NoticeKind, TerminationNotice
+from handler.sidecar.torchserve_client import TorchServeClient, in_flight_reader
+from handler.sidecar.watch import Hooks, Sidecar
+
+__all__ = [
+    "DrainDeps", "DrainPlan", "DrainPolicy", "DrainReport", "Hooks", "NoticeKind", "Sidecar",
+    "SidecarConfig", "TerminationNotice", "TorchServeClient", "in_flight_reader", "load_config",
+    "plan_drain", "run_drain",
+]

@@ -1,0 +1,184 @@
+"""SidecarConfig: one frozen dataclass, parsed once from a YAML file and/or CLI flags.
+
+YAML keys and flags share the field names (`margin_s` <-> `--margin-s`); flags win. Unknown
+keys are rejected with the list of allowed ones, so a typo never silently keeps a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handler.sidecar.drain_plan import DrainPolicy
+from handler.sidecar.errors import ConfigError
+
+
+class Cloud(enum.StrEnum):
+    AWS = "aws"
+    GCP = "gcp"
+    AZURE = "azure"
+
+
+class StopMethod(enum.StrEnum):
+    CLI = "cli"  # `torchserve --stop` (same host / pid namespace)
+    PID = "pid"  # SIGTERM the tree under the pid in torchserve_pid_file
+    NONE = "none"  # leave it to the orchestrator (a sidecar container without shared pids)
+
+
+def _f(default: object, help: str) -> Any:  # noqa: A002 - mirrors argparse
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    # TorchServe
+    model_name: str = _f("llm", "model whose workers decide readiness")
+    management_url: str = _f("http://127.0.0.1:8081", "TorchServe management API")
+    key_file: str | None = _f(None, "TorchServe key_file.json; unset when token auth is off")
+    in_flight_url: str | None = _f(None, "URL with the handler's in-flight count (JSON or "
+                                         "Prometheus text)")
+    in_flight_metric: str = _f("ts_llm_requests_in_flight", "metric summed at in_flight_url")
+    # Watchers
+    clouds: tuple[Cloud, ...] = _f((Cloud.AWS,), "metadata services to watch: aws,gcp,azure")
+    aws_metadata_url: str = _f("http://169.254.169.254", "IMDS base URL")
+    gcp_metadata_url: str = _f("http://metadata.google.internal", "GCP metadata base URL")
+    azure_metadata_url: str = _f("http://169.254.169.254", "Azure IMDS base URL")
+    poll_interval_s: float = _f(2.0, "seconds between metadata polls (NTH uses 2)")
+    http_timeout_s: float = _f(2.0, "timeout of one metadata request")
+    imds_token_ttl_s: int = _f(3600, "IMDSv2 token TTL, 1..21600")
+    gcp_wait_timeout_s: int = _f(60, "GCP wait_for_change long-poll timeout_sec")
+    gcp_notice_s: float = _f(30.0, "GCP preemption deadline after the notice")
+    azure_min_notice_s: float = _f(30.0, "Azure deadline when NotBefore is empty")
+    azure_acknowledge: bool = _f(True, "acknowledge Azure events once the drain is done")
+    signal_grace_s: float = _f(30.0, "deadline after SIGTERM/SIGINT (K8s grace period)")
+    drain_on_rebalance: bool = _f(False, "treat an AWS rebalance recommendation as a notice")
+    # Drain
+    margin_s: float = _f(5.0, "finish this long before the deadline")
+    publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
+    stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe")
+    quiet_s: float = _f(1.0, "in-flight must read 0 this long before the wait ends")
+    stop_method: StopMethod = _f(StopMethod.CLI, "cli | pid | none")
+    torchserve_pid_file: str | None = _f(None, "pid file for stop_method=pid")
+    # Compile cache, published during the drain through handler.cache.sync
+    cache_store: str | None = _f(None, "artifact store URI, e.g. s3://bucket/prefix")
+    cache_key: str | None = _f(None, "JSON file with the cache key (CacheKey.describe())")
+    cache_dir: str | None = _f(None, "local cache directory to publish")
+    # Sidecar HTTP server
+    listen_host: str = _f("0.0.0.0", "address of /ready, /live, /metrics")
+    listen_port: int = _f(8090, "port of /ready, /live, /metrics (0 = any free port)")
+    # AWS side effects
+    aws_region: str | None = _f(None, "region for the ELBv2 and Auto Scaling clients")
+    aws_endpoint_url: str | None = _f(None, "endpoint override (tests: moto server)")
+    elb_target_group_arn: str | None = _f(None, "deregister from this target group on notice")
+    elb_target_id: str | None = _f(None, "target id; default: this instance's id from IMDS")
+    elb_target_port: int | None = _f(None, "target port, when registered with one")
+    asg_name: str | None = _f(None, "on-demand Auto Scaling group to grow by one on notice")
+    webhook_url: str | None = _f(None, "POST the notice here as JSON on notice")
+
+    def __post_init__(self) -> None:
+        for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s",
+                     "signal_grace_s", "http_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.poll_interval_s <= 0:
+            raise ConfigError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError(f"listen_port must be 0..65535, got {self.listen_port}")
+        if not 1 <= self.imds_token_ttl_s <= 21600:
+            raise ConfigError(f"imds_token_ttl_s must be 1..21600, got {self.imds_token_ttl_s}")
+        if self.stop_method is StopMethod.PID and not self.torchserve_pid_file:
+            raise ConfigError("stop_method=pid needs torchserve_pid_file")
+        cache = (self.cache_store, self.cache_key, self.cache_dir)
+        if any(cache) and not all(cache):
+            raise ConfigError("cache_store, cache_key and cache_dir go together; got "
+                              f"store={self.cache_store!r} key={self.cache_key!r} "
+                              f"dir={self.cache_dir!r}")
+
+    def drain_policy(self) -> DrainPolicy:
+        return DrainPolicy(margin_s=self.margin_s, publish_reserve_s=self.publish_reserve_s,
+                           stop_reserve_s=self.stop_reserve_s, quiet_s=self.quiet_s)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(SidecarConfig)}
+_TYPES = typing.get_type_hints(SidecarConfig)
+
+
+def config_from_mapping(values: Mapping[str, object], origin: str = "config") -> SidecarConfig:
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{origin}: unknown key {unknown[0]!r}"
+                          f"{f' (and {unknown[1:]})' if unknown[1:] else ''}; "
+                          f"allowed keys: {', '.join(FIELDS)}")
+    parsed: dict[str, Any] = {name: _coerce(name, _TYPES[name], value)
+                              for name, value in values.items()}
+    return SidecarConfig(**parsed)
+
+
+def load_config(path: Path | None = None,
+                overrides: Mapping[str, object] | None = None) -> SidecarConfig:
+    values: dict[str, object] = {}
+    if path is not None:
+        document = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(document, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        values.update(document)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return config_from_mapping(values, origin=str(path) if path else "flags")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML file with SidecarConfig keys")
+    for name, spec in FIELDS.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            help=f"{spec.metadata['help']} (default: {_show(spec.default)})")
+
+
+def config_from_args(args: argparse.Namespace) -> SidecarConfig:
+    overrides = {name: getattr(args, name, None) for name in FIELDS}
+    return load_config(args.config, overrides)
+
+
+def _show(default: object) -> str:
+    if isinstance(default, tuple):
+        return ",".join(item.value for item in default)
+    return default.value if isinstance(default, enum.Enum) else str(default)
+
+
+def _coerce(name: str, kind: Any, value: object) -> object:
+    """YAML values and CLI strings -> the field's type, or a ConfigError naming the key."""
+    args = typing.get_args(kind)
+    if isinstance(kind, types.UnionType):  # X | None
+        return None if value is None else _coerce(name, args[0], value)
+    try:
+        if typing.get_origin(kind) is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore
+            return tuple(_coerce(name, args[0], item.strip() if isinstance(item, str) else item)
+                         for item in items if item != "")
+        if kind is bool:
+            return _as_bool(value)
+        # int(1.5) and float(True) would succeed silently; a typo'd YAML value should not.
+        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise TypeError(f"{value!r} is not of type {kind.__name__}")
+        return kind(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"config key {name!r}: {err}") from err
+
+
+def _as_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean")

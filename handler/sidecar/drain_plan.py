@@ -1,0 +1,92 @@
+"""The drain policy as pure arithmetic: deadline, margin and now in; budget and steps out.
+
+Timeline, all epochs (s):
+
+    started ... wait_until ... publish_by ... stop_by ... deadline
+        wait for in-flight |  publish   | stop TorchServe | margin
+
+Replacement capacity is asked for before the wait, not after: a new instance takes minutes
+to boot, so asking late only widens the gap in serving capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+STEP_ORDER = ("not_ready", "close_admission", "deregister", "request_capacity",
+              "wait_in_flight", "publish", "stop", "acknowledge")
+ALWAYS = frozenset({"not_ready", "wait_in_flight", "stop"})
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    margin_s: float = 5.0  # everything done this long before the deadline (notices are best effort)
+    publish_reserve_s: float = 15.0  # kept free for the cache publisher, when there is one
+    stop_reserve_s: float = 10.0  # kept free for TorchServe's shutdown hook
+    poll_interval_s: float = 0.5
+    # In-flight must read zero this long: requests keep arriving until load balancers and
+    # EndpointSlices have seen the 503 from /ready.
+    quiet_s: float = 1.0
+    min_stop_s: float = 2.0  # stop gets at least this much even when the deadline has passed
+    max_read_errors: int = 5  # consecutive failed in-flight reads before giving up the wait
+
+    def __post_init__(self) -> None:
+        for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s", "min_stop_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DrainPolicy.{name} must be >= 0, got {getattr(self, name)}")
+        if self.poll_interval_s <= 0:
+            raise ValueError(f"DrainPolicy.poll_interval_s must be > 0, got {self.poll_interval_s}")
+
+
+DEFAULT_POLICY = DrainPolicy()
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    started_epoch: float
+    deadline_epoch: float
+    policy: DrainPolicy
+    steps: tuple[str, ...]
+
+    @property
+    def stop_by(self) -> float:
+        return self.deadline_epoch - self.policy.margin_s
+
+    @property
+    def publish_by(self) -> float:
+        return self.stop_by - self.policy.stop_reserve_s
+
+    @property
+    def wait_until(self) -> float:
+        reserve = self.policy.publish_reserve_s if "publish" in self.steps else 0.0
+        return max(self.started_epoch, self.publish_by - reserve)
+
+    @property
+    def budget_s(self) -> float:
+        """Time from the start to `stop_by`; negative when the notice came too late."""
+        return self.stop_by - self.started_epoch
+
+    @property
+    def wait_budget_s(self) -> float:
+        return self.wait_until - self.started_epoch
+
+    def with_deadline(self, deadline_epoch: float) -> DrainPlan:
+        """Deadlines only move in: a later notice cannot buy more time than an earlier one."""
+        return dataclasses.replace(self, deadline_epoch=min(self.deadline_epoch, deadline_epoch))
+
+    def to_json(self) -> dict[str, object]:
+        return {"started_epoch": self.started_epoch, "deadline_epoch": self.deadline_epoch,
+                "budget_s": self.budget_s, "wait_until": self.wait_until,
+                "publish_by": self.publish_by, "stop_by": self.stop_by,
+                "steps": list(self.steps), "policy": dataclasses.asdict(self.policy)}
+
+
+def plan_drain(deadline_epoch: float, now: float, policy: DrainPolicy,
+               optional_steps: frozenset[str] = frozenset()) -> DrainPlan:
+    unknown = optional_steps - set(STEP_ORDER)
+    if unknown:
+        raise ValueError(f"unknown drain steps {sorted(unknown)}; known: {STEP_ORDER}")
+    wanted = ALWAYS | optional_steps
+    steps = tuple(step for step in STEP_ORDER if step in wanted)
+    return DrainPlan(now, deadline_epoch, policy, steps)

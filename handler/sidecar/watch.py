@@ -1,0 +1,231 @@
+"""The `watch` loop: watchers in threads, /ready /live /metrics, and one drain on notice.
+
+    with Sidecar(config, Hooks(in_flight=..., publish_cache=...)) as sidecar:
+        report = sidecar.run()          # blocks until a notice was drained (or `until` is set)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from prometheus_client import CollectorRegistry
+
+from handler.sidecar import aws_capacity, cache_hooks, process
+from handler.sidecar.azure import AzureWatcher
+from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
+from handler.sidecar.drain import CachePublisher, DrainDeps, DrainReport, run_drain
+from handler.sidecar.errors import CapacityError, ConfigError, MetadataError, SidecarError
+from handler.sidecar.gcp import GcpWatcher
+from handler.sidecar.imds import ImdsWatcher
+from handler.sidecar.metrics import SidecarMetrics
+from handler.sidecar.notice import Clock, NoticeBoard, TerminationNotice, should_drain
+from handler.sidecar.readiness import Readiness, SidecarHttpServer
+from handler.sidecar.signals import SignalWatcher
+from handler.sidecar.torchserve_client import TorchServeClient, in_flight_reader
+from handler.sidecar.watcher import Watcher, run_watcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the serving side plugs in; every field is optional."""
+
+    in_flight: Callable[[], int] | None = None  # else config.in_flight_url, else queue only
+    publish_cache: CachePublisher | None = None  # publish_cache(publish_by_epoch) -> uploaded?
+    close_admission: Callable[[], None] | None = None  # handler refuses new work with 503
+    stop_torchserve: Callable[[float], None] | None = None  # overrides config.stop_method
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig, hooks: Hooks = Hooks(), *, clock: Clock = time.time,
+                 sleep: Callable[[float], None] = time.sleep,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.config, self.hooks, self._clock, self._sleep = config, hooks, clock, sleep
+        self.registry = registry or CollectorRegistry()
+        self.metrics = SidecarMetrics(self.registry)
+        self.board = NoticeBoard(config.drain_on_rebalance)
+        self.board.add_listener(self._on_posted)
+        key_file = Path(config.key_file) if config.key_file else None
+        self.torchserve = TorchServeClient(config.management_url, config.model_name,
+                                           key_file=key_file, timeout_s=config.http_timeout_s)
+        self.signals = SignalWatcher(clock=clock, grace_s=config.signal_grace_s)
+        self.watchers = build_watchers(config, clock)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._deregister: Callable[[], None] | None = None
+        self._autoscaling: Any = None
+        self._publisher = hooks.publish_cache or _config_publisher(config)
+        self.http = SidecarHttpServer(config.listen_host, config.listen_port,
+                                      Readiness(self.board, self.torchserve, self.metrics),
+                                      lambda: self._running, self.registry)
+
+    def __enter__(self) -> Sidecar:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Sidecar:
+        # Resolved now, not at notice time: boto3 clients take a moment to build and the
+        # instance id needs IMDS, neither of which should eat into a 30 s deadline.
+        self._deregister = self._make_deregister()
+        if self.config.asg_name:
+            self._autoscaling = _aws_client(self.config, "autoscaling")
+        self._running = True
+        self.http.start()
+        if threading.current_thread() is threading.main_thread():
+            self.signals.install()
+        self._spawn("watch-signal", self.signals.run, self.board.post, self._stop)
+        for watcher in self.watchers:
+            self._spawn(f"watch-{watcher.name}", run_watcher, watcher, self.board.post,
+                        self._stop, self.config.poll_interval_s, self._on_watch_error)
+        log.info("sidecar up: /ready on port %d, watching %s", self.http.port,
+                 [w.name for w in self.watchers] + ["signal"])
+        return self
+
+    def run(self, until: threading.Event | None = None) -> DrainReport | None:
+        """Block until a draining notice arrives, drain, and return the report; or return
+        None once `until` is set (the entrypoint's TorchServe child exited on its own)."""
+        until = until or threading.Event()
+        while not until.is_set():
+            notice = self.board.wait(timeout_s=0.2)
+            if notice is not None:
+                return run_drain(notice, self.drain_deps(notice), self.config.drain_policy())
+        return None
+
+    def close(self) -> None:
+        self._running = False
+        self._stop.set()
+        self.signals.restore()
+        self.http.stop()
+        for thread in self._threads:
+            thread.join(timeout=1.0)  # a GCP long-poll may still hang; threads are daemons
+
+    def drain_deps(self, notice: TerminationNotice) -> DrainDeps:
+        config, hooks = self.config, self.hooks
+        in_flight = hooks.in_flight
+        if in_flight is None and config.in_flight_url:
+            in_flight = in_flight_reader(config.in_flight_url, config.in_flight_metric)
+        # mark_not_ready stays the default no-op: /ready reads the board, which turned
+        # not-ready the moment this notice was posted.
+        return DrainDeps(
+            clock=self._clock, sleep=self._sleep,
+            stop_torchserve=hooks.stop_torchserve or _stopper(config),
+            torchserve=self.torchserve, in_flight=in_flight,
+            close_admission=hooks.close_admission, deregister=self._deregister,
+            request_capacity=self._capacity(notice), publish_cache=self._publisher,
+            acknowledge=self._acknowledger(notice), current_deadline=self.board.deadline,
+            metrics=self.metrics)
+
+    # ---- pieces
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _on_posted(self, notice: TerminationNotice) -> None:
+        log.warning("termination notice: %s", notice.to_json())
+        self.metrics.notices.labels(kind=notice.kind.value).inc()
+        if should_drain(notice, self.config.drain_on_rebalance):
+            self.metrics.termination_pending.set(1)
+
+    def _on_watch_error(self, name: str, err: MetadataError) -> None:
+        self.metrics.errors.labels(step=f"watch_{name}").inc()
+
+    def _make_deregister(self) -> Callable[[], None] | None:
+        config = self.config
+        if not config.elb_target_group_arn:
+            return None
+        target_id = config.elb_target_id or self._instance_id()
+        return functools.partial(aws_capacity.deregister_target, _aws_client(config, "elbv2"),
+                                 config.elb_target_group_arn, target_id, config.elb_target_port)
+
+    def _capacity(self, notice: TerminationNotice) -> Callable[[], None] | None:
+        config = self.config
+        calls: list[Callable[[], object]] = []
+        if config.asg_name:
+            calls.append(functools.partial(aws_capacity.request_replacement, self._autoscaling,
+                                           config.asg_name))
+        if config.webhook_url:
+            payload: dict[str, object] = {"event": "termination_notice",
+                                          "notice": notice.to_json(),
+                                          "model": config.model_name}
+            calls.append(functools.partial(aws_capacity.post_webhook, config.webhook_url,
+                                           payload, config.http_timeout_s))
+        return functools.partial(_call_all, calls) if calls else None
+
+    def _acknowledger(self, notice: TerminationNotice
+                      ) -> Callable[[TerminationNotice], None] | None:
+        azure = next((w for w in self.watchers if isinstance(w, AzureWatcher)), None)
+        if notice.source != "azure" or azure is None or not self.config.azure_acknowledge:
+            return None
+        return lambda n: azure.acknowledge(n.detail["event_id"])
+
+    def _instance_id(self) -> str:
+        imds = next((w for w in self.watchers if isinstance(w, ImdsWatcher)), None)
+        if imds is None:
+            raise ConfigError("elb_target_group_arn without elb_target_id needs the aws watcher "
+                              "(the instance id comes from IMDS)")
+        return imds.instance_id()
+
+
+def build_watchers(config: SidecarConfig, clock: Clock) -> list[Watcher]:
+    timeout = config.http_timeout_s
+    makers: dict[Cloud, Callable[[], Watcher]] = {
+        Cloud.AWS: lambda: ImdsWatcher(config.aws_metadata_url, clock=clock, timeout_s=timeout,
+                                       token_ttl_s=config.imds_token_ttl_s),
+        Cloud.GCP: lambda: GcpWatcher(config.gcp_metadata_url, clock=clock, timeout_s=timeout,
+                                      wait_timeout_s=config.gcp_wait_timeout_s,
+                                      notice_s=config.gcp_notice_s),
+        Cloud.AZURE: lambda: AzureWatcher(config.azure_metadata_url, clock=clock,
+                                          timeout_s=timeout,
+                                          min_notice_s=config.azure_min_notice_s),
+    }
+    return [makers[cloud]() for cloud in dict.fromkeys(config.clouds)]
+
+
+def _config_publisher(config: SidecarConfig) -> CachePublisher | None:
+    if not (config.cache_store and config.cache_key and config.cache_dir):
+        return None
+    return cache_hooks.publisher(config.cache_store, Path(config.cache_key), Path(config.cache_dir),
+                                 config.aws_endpoint_url, config.aws_region)
+
+
+def _call_all(calls: list[Callable[[], object]]) -> None:
+    """Every call runs even when an earlier one fails (the webhook is the fallback for a
+    group at MaxSize); the failures are raised together afterwards."""
+    failures: list[str] = []
+    for call in calls:
+        try:
+            call()
+        except (SidecarError, BotoCoreError, ClientError) as err:
+            failures.append(f"{type(err).__name__}: {err}")
+    if failures:
+        raise CapacityError("; ".join(failures))
+
+
+def _stopper(config: SidecarConfig) -> Callable[[float], None]:
+    if config.stop_method is StopMethod.CLI:
+        return process.stop_with_cli
+    if config.stop_method is StopMethod.PID:
+        pid_file = Path(config.torchserve_pid_file or "")
+        return lambda timeout_s: process.stop_pid(process.read_pid_file(pid_file), timeout_s)
+    return lambda timeout_s: None  # the orchestrator stops TorchServe
+
+
+def _aws_client(config: SidecarConfig, service: str) -> Any:
+    import boto3  # only sidecars with ELB/ASG side effects pay for the import
+
+    return boto3.client(service, region_name=config.aws_region,
+                        endpoint_url=config.aws_endpoint_url)

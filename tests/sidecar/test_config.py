@@ -1,0 +1,86 @@
+"""SidecarConfig parsing: YAML and flags, typed, unknown keys rejected."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from handler.sidecar.config import (Cloud, SidecarConfig, StopMethod, add_config_arguments,
+                                    config_from_args, config_from_mapping, load_config)
+from handler.sidecar.errors import ConfigError
+
+
+def parse_flags(argv: list[str]) -> SidecarConfig:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_unknown_key_rejected_naming_it_and_listing_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("model_name: llm\nmargin_secs: 3\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert "unknown key 'margin_secs'" in message and "sidecar.yaml" in message
+    assert "allowed keys:" in message and "margin_s" in message
+
+
+def test_yaml_values_are_typed(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("clouds: [aws, azure]\nmargin_s: 3\nstop_method: none\n"
+                    "elb_target_port: 8080\ndrain_on_rebalance: true\n")
+    config = load_config(path)
+    assert config.clouds == (Cloud.AWS, Cloud.AZURE)
+    assert config.margin_s == 3.0 and isinstance(config.margin_s, float)
+    assert config.stop_method is StopMethod.NONE and config.elb_target_port == 8080
+    assert config.drain_on_rebalance is True
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("margin_s: 3\nmodel_name: a\n")
+    config = parse_flags(["--config", str(path), "--margin-s", "7.5", "--clouds", "gcp,aws"])
+    assert (config.margin_s, config.model_name) == (7.5, "a")
+    assert config.clouds == (Cloud.GCP, Cloud.AWS)
+
+
+def test_bad_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="'quiet_s'"):
+        config_from_mapping({"quiet_s": "soon"})
+
+
+def test_bool_is_not_an_int() -> None:
+    with pytest.raises(ConfigError, match="listen_port"):
+        config_from_mapping({"listen_port": True})
+
+
+def test_unknown_cloud_rejected() -> None:
+    with pytest.raises(ConfigError, match="'clouds'"):
+        config_from_mapping({"clouds": "aws,oracle"})
+
+
+def test_pid_stop_needs_a_pid_file() -> None:
+    with pytest.raises(ConfigError, match="torchserve_pid_file"):
+        config_from_mapping({"stop_method": "pid"})
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    config = SidecarConfig()
+    with pytest.raises(AttributeError):
+        config.margin_s = 1.0  # type: ignore[misc]
+    assert config.drain_policy().margin_s == 5.0
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("- margin_s\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(path)
+
+
+def test_cache_settings_go_together() -> None:
+    with pytest.raises(ConfigError, match="go together"):
+        config_from_mapping({"cache_store": "s3://b/p"})

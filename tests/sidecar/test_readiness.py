@@ -1,0 +1,106 @@
+"""/ready, /live and /metrics served by the sidecar, against a fake management API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry
+
+from handler.sidecar.metrics import SidecarMetrics
+from handler.sidecar.notice import NoticeBoard, NoticeKind, TerminationNotice
+from handler.sidecar.readiness import Readiness, SidecarHttpServer
+from handler.sidecar.torchserve_client import TorchServeClient
+
+from .conftest import START, FakeManagement, write_key_file
+
+
+class Served:
+    def __init__(self, management: FakeManagement, key_file: Path | None = None) -> None:
+        self.board = NoticeBoard()
+        self.registry = CollectorRegistry()
+        self.metrics = SidecarMetrics(self.registry)
+        self.alive = True
+        client = TorchServeClient(management.url, "llm", key_file=key_file, timeout_s=1.0)
+        self.server = SidecarHttpServer("127.0.0.1", 0, Readiness(self.board, client,
+                                                                  self.metrics),
+                                        lambda: self.alive, self.registry).start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, timeout=2)
+
+
+@pytest.fixture
+def served(management: FakeManagement) -> Iterator[Served]:
+    sidecar = Served(management)
+    yield sidecar
+    sidecar.server.stop()
+
+
+def spot_notice() -> TerminationNotice:
+    return TerminationNotice(NoticeKind.SPOT_INTERRUPTION, "aws", START + 120,
+                             {"action": "terminate"})
+
+
+def test_ready_while_a_worker_is_ready(served: Served) -> None:
+    answer = served.get("/ready")
+    assert answer.status_code == 200
+    assert answer.json()["ready"] is True and answer.json()["ready_workers"] == 1
+
+
+def test_notice_flips_ready_to_503_with_reason(served: Served) -> None:
+    assert served.get("/ready").status_code == 200
+    served.board.post(spot_notice())
+    answer = served.get("/ready")
+    assert answer.status_code == 503
+    assert answer.json()["reason"] == "termination_pending"
+    assert answer.json()["notice"]["kind"] == "spot_interruption"
+
+
+def test_rebalance_alone_keeps_ready(served: Served) -> None:
+    served.board.post(TerminationNotice(NoticeKind.REBALANCE, "aws", START + 120))
+    assert served.get("/ready").status_code == 200
+
+
+def test_no_ready_worker_is_503(served: Served, management: FakeManagement) -> None:
+    management.statuses = ["UNLOADING"]
+    answer = served.get("/ready")
+    assert answer.status_code == 503 and answer.json()["reason"] == "no_ready_worker"
+
+
+def test_torchserve_down_is_503(served: Served, management: FakeManagement) -> None:
+    management.close()
+    answer = served.get("/ready")
+    assert answer.status_code == 503 and answer.json()["reason"] == "torchserve_unreachable"
+
+
+def test_ready_uses_the_management_token(management: FakeManagement, tmp_path: Path) -> None:
+    write_key_file(tmp_path / "key_file.json", "mgmtkey1", "2030-01-01T00:00:00Z")
+    management.management_key = "mgmtkey1"
+    sidecar = Served(management, tmp_path / "key_file.json")
+    try:
+        assert sidecar.get("/ready").status_code == 200
+    finally:
+        sidecar.server.stop()
+
+
+def test_live_follows_the_loop(served: Served) -> None:
+    assert served.get("/live").status_code == 200
+    served.alive = False
+    assert served.get("/live").status_code == 503
+
+
+def test_metrics_come_from_the_registry_passed_in(served: Served) -> None:
+    served.metrics.notices.labels(kind="signal").inc()
+    served.get("/ready")
+    text = served.get("/metrics").text
+    assert 'ts_llm_sidecar_notices_total{kind="signal"} 1.0' in text
+    assert "ts_llm_sidecar_ready 1.0" in text
+    assert "python_gc_objects_collected_total" not in text  # not the global registry
+
+
+def test_unknown_path_is_404(served: Served) -> None:
+    assert served.get("/nope").status_code == 404

@@ -1,0 +1,153 @@
+"""The whole `watch` loop: emulator notice -> /ready 503 -> ELB, ASG, wait, publish, stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import requests
+
+from handler.sidecar.config import config_from_mapping
+from handler.sidecar.emulator import MetadataEmulator
+from handler.sidecar.errors import ConfigError
+from handler.sidecar.watch import Hooks, Sidecar
+
+from .conftest import FakeManagement
+
+
+def settings(emulator: MetadataEmulator, management: FakeManagement, **extra: Any):
+    return config_from_mapping({
+        "clouds": "aws", "aws_metadata_url": emulator.url, "azure_metadata_url": emulator.url,
+        "management_url": management.url, "listen_host": "127.0.0.1", "listen_port": 0,
+        "poll_interval_s": 0.05, "http_timeout_s": 1.0, "stop_method": "none",
+        "margin_s": 1, "publish_reserve_s": 2, "stop_reserve_s": 1, "quiet_s": 0.1, **extra})
+
+
+class Probe:
+    """Hooks that record what the drain did, and what /ready said while it did it."""
+
+    def __init__(self) -> None:
+        self.ready_during_drain: list[int] = []
+        self.published_by: list[float] = []
+        self.stopped_with: list[float] = []
+        self.port = 0
+
+    def in_flight(self) -> int:
+        answer = requests.get(f"http://127.0.0.1:{self.port}/ready", timeout=2)
+        self.ready_during_drain.append(answer.status_code)
+        return 0
+
+    def hooks(self) -> Hooks:
+        return Hooks(in_flight=self.in_flight,
+                     publish_cache=lambda by: self.published_by.append(by) or True,
+                     stop_torchserve=self.stopped_with.append)
+
+
+def test_spot_interruption_drains_end_to_end(emulator: MetadataEmulator,
+                                             management: FakeManagement, moto: str) -> None:
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto)
+    elbv2 = boto3.client("elbv2", region_name="us-east-1", endpoint_url=moto)
+    autoscaling = boto3.client("autoscaling", region_name="us-east-1", endpoint_url=moto)
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    group = elbv2.create_target_group(Name="llm", Protocol="HTTP", Port=8080, VpcId=vpc,
+                                      TargetType="instance")["TargetGroups"][0]["TargetGroupArn"]
+    instance = emulator.state.instance_id  # the sidecar reads it from IMDS
+    elbv2.register_targets(TargetGroupArn=group, Targets=[{"Id": instance, "Port": 8080}])
+    autoscaling.create_launch_configuration(LaunchConfigurationName="od", ImageId="ami-12c6146b",
+                                            InstanceType="g5.xlarge")
+    autoscaling.create_auto_scaling_group(AutoScalingGroupName="od", LaunchConfigurationName="od",
+                                          MinSize=0, MaxSize=3, DesiredCapacity=0,
+                                          AvailabilityZones=["us-east-1a"])
+    config = settings(emulator, management, elb_target_group_arn=group, elb_target_port=8080,
+                      asg_name="od", aws_region="us-east-1", aws_endpoint_url=moto)
+    probe = Probe()
+    with Sidecar(config, probe.hooks()) as sidecar:
+        probe.port = sidecar.http.port
+        assert requests.get(f"http://127.0.0.1:{probe.port}/ready", timeout=2).status_code == 200
+        requests.post(emulator.url + "/_control/spot", json={"in_seconds": 30},
+                      timeout=2).raise_for_status()
+        report = sidecar.run()
+        metrics = requests.get(f"http://127.0.0.1:{probe.port}/metrics", timeout=2).text
+    assert report.exit_code == 0 and report.errors == []
+    assert [s.name for s in report.steps] == ["not_ready", "deregister", "request_capacity",
+                                              "wait_in_flight", "publish", "stop"]
+    assert probe.ready_during_drain and set(probe.ready_during_drain) == {503}
+    assert report.published is True and probe.stopped_with
+    assert elbv2.describe_target_health(TargetGroupArn=group)["TargetHealthDescriptions"] == []
+    groups = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["od"])
+    assert groups["AutoScalingGroups"][0]["DesiredCapacity"] == 1
+    assert 'ts_llm_sidecar_notices_total{kind="spot_interruption"} 1.0' in metrics
+    assert "ts_llm_sidecar_drain_duration_seconds_count 1.0" in metrics
+
+
+def test_azure_preempt_is_acknowledged_after_the_drain(emulator: MetadataEmulator,
+                                                       management: FakeManagement) -> None:
+    probe = Probe()
+    with Sidecar(settings(emulator, management, clouds="azure"), probe.hooks()) as sidecar:
+        probe.port = sidecar.http.port
+        event_id = emulator.raise_azure_event("Preempt", in_seconds=30)
+        report = sidecar.run()
+    assert report.steps[-1].name == "acknowledge" and report.steps[-1].ok
+    assert emulator.state.acks == [event_id]
+
+
+def test_real_sigterm_to_this_process_runs_the_drain(emulator: MetadataEmulator,
+                                                     management: FakeManagement) -> None:
+    probe = Probe()
+    with Sidecar(settings(emulator, management, signal_grace_s=20), probe.hooks()) as sidecar:
+        probe.port = sidecar.http.port
+        assert signal.getsignal(signal.SIGTERM) == sidecar.signals.handle  # else this kills pytest
+        os.kill(os.getpid(), signal.SIGTERM)
+        report = sidecar.run()
+    assert report.notice.kind.value == "signal" and report.exit_code == 0
+    assert 15 < report.plan.budget_s <= 20
+    assert signal.getsignal(signal.SIGTERM) != sidecar.signals.handle  # restored on close
+
+
+def test_rebalance_alone_does_not_drain(emulator: MetadataEmulator,
+                                        management: FakeManagement) -> None:
+    until = threading.Event()
+    with Sidecar(settings(emulator, management), Probe().hooks()) as sidecar:
+        sidecar.board.add_listener(lambda notice: until.set())
+        emulator.raise_rebalance()
+        assert sidecar.run(until=until) is None
+        assert [n.kind.value for n in sidecar.board.advisories()] == ["rebalance"]
+        ready = requests.get(f"http://127.0.0.1:{sidecar.http.port}/ready", timeout=2)
+    assert ready.status_code == 200
+
+
+
+def test_configured_cache_is_published_during_the_drain(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
+    cache = pytest.importorskip("handler.cache")
+    key = cache.CacheKey(torch_version="2.13.0", triton_version="none", device_type="cpu",
+                         device_capability="x86_64", weights_digest="w" * 16,
+                         config_digest="c" * 16, package_version="0.1.0")
+    (tmp_path / "key.json").write_text(json.dumps(key.describe()))
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / "kernel.bin").write_bytes(b"\x00" * 4096)
+    store = tmp_path / "store"
+    config = settings(emulator, management, cache_store=str(store),
+                      cache_key=str(tmp_path / "key.json"), cache_dir=str(tmp_path / "compiled"))
+    with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as sidecar:
+        emulator.raise_spot_interruption(in_seconds=30)
+        report = sidecar.run()
+    assert report.published is True and report.errors == []
+    assert cache.LocalStore(store).exists(key)
+
+
+def test_cache_store_without_the_cache_package_fails_at_start(
+        emulator: MetadataEmulator, management: FakeManagement,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "handler.cache.sync", None)
+    config = settings(emulator, management, cache_store="s3://b/c", cache_key="k",
+                      cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"handler\.cache\.sync is not available"):
+        Sidecar(config)
