@@ -28,6 +28,7 @@ class HandlerConfig:
     default_max_new_tokens: int = 128
     served_model_name: str = "llm"  # the "model" OpenAI-style clients name
     compile_cache_dir: str | None = None  # AOT artifacts restored by the sidecar (see docs/configuration.md)
+    drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
     continuous_batching: bool = True  # mirrors TorchServe's top-level continuousBatching key
 
     @classmethod

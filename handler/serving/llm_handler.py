@@ -6,7 +6,6 @@ everything else is imported from the installed `handler` package.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from ts.handler_utils.utils import send_intermediate_predict_response
@@ -42,13 +41,13 @@ class LLMHandler(BaseHandler):
                  engine_cfg.dtype, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
         service_cls = ContinuousService if cfg.continuous_batching else DynamicService
-        self.service = service_cls(loaded.engine, limits, sink)
+        flag = Path(cfg.drain_flag_file) if cfg.drain_flag_file else None
+        self.service = service_cls(loaded.engine, limits, sink, draining=lambda: flag is not None and flag.exists())
         self.initialized = True
 
     def handle(self, data, context):
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
-        self.service.metrics = TorchServeSink(context.metrics, context.model_name)
         batch = [_incoming(i, row, context) for i, row in enumerate(data)]
         try:
             if isinstance(self.service, ContinuousService):

@@ -56,12 +56,18 @@ class Live:
 
 
 class _Base:
-    def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
+                 draining: Callable[[], bool] = lambda: False):
         self.engine, self.limits, self.metrics, self.clock = engine, limits, metrics, clock
+        self.draining = draining
         self.live: dict[str, Live] = {}
 
     def _admit(self, inc: Incoming) -> Reply | None:
         """Parse and add to the engine; a Reply only when the request is refused."""
+        if self.draining():
+            # Refused before it was accepted: the client retries on another replica.
+            self.metrics.observe("ts_llm_request_failure_total", 1, "draining")
+            return Reply(error_body("this replica is draining before shutdown; retry on another replica", 503), 503)
         tok = self.engine.tokenizer
         try:
             req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
