@@ -49,7 +49,7 @@ def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[st
 
 
 def _compile(model: Transformer, cfg: EngineConfig) -> Steps:
-    options = {"freezing": cfg.freezing}
+    options = {"freezing": cfg.freezing, "max_autotune": cfg.max_autotune}
     cuda = torch.device(cfg.device).type == "cuda"
     decode_mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
     prefill = torch.compile(model.prefill, fullgraph=True, dynamic=True, options=options)

@@ -20,6 +20,7 @@ class EngineConfig:
     compile: Literal["inductor", "eager"] = "inductor"
     on_compile_error: Literal["raise", "eager"] = "raise"
     freezing: bool = True  # Inductor constant-folds and prepacks weights (oneDNN on CPU)
+    max_autotune: bool = False  # Inductor benchmarks GEMM kernels (C++ templates on CPU): faster decode, slower compile
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
 

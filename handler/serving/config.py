@@ -22,6 +22,7 @@ class HandlerConfig:
     compile: str = "inductor"  # "inductor" or "eager"
     on_compile_error: str = "raise"  # "raise" or "eager" (logged at ERROR and counted)
     freezing: bool = True
+    max_autotune: bool = False
     cuda_graphs: bool = True
     threads: int | None = None
     max_new_tokens_cap: int = 1024  # requests asking for more get a 400
@@ -57,7 +58,7 @@ class HandlerConfig:
         checkpoint = Path(self.checkpoint) if Path(self.checkpoint).is_absolute() else Path(model_dir) / self.checkpoint
         try:
             return EngineConfig(checkpoint, self.dtype, device, self.max_batch_size, self.max_seq_len, self.compile,
-                                self.on_compile_error, self.freezing, self.cuda_graphs, self.threads)
+                                self.on_compile_error, self.freezing, self.max_autotune, self.cuda_graphs, self.threads)
         except ValueError as err:
             raise ConfigError(f"model-config.yaml `handler:`: {err}") from err
 
