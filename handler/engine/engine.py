@@ -146,7 +146,7 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int) -> StepOutput:
         new_ids: tuple[int, ...] = ()
-        if token in self.tokenizer.eos_ids:
+        if token in self.tokenizer.eos_ids and not seq.params.ignore_eos:
             seq.finish_reason = "stop"
         else:
             seq.output_ids.append(token)

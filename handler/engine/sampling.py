@@ -15,6 +15,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens

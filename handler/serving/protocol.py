@@ -40,13 +40,13 @@ class GenerationRequest:
 
 
 # Fields each API accepts; anything else is rejected by name.
-_COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
+_COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos"}
 FIELDS = {
     "native": _COMMON | {"prompt", "messages"},
     "completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                    "stream_options", "n", "user"},
+                    "stream_options", "n", "user", "ignore_eos"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "stream_options", "n", "user"},
+             "stop", "stream", "stream_options", "n", "user", "ignore_eos"},
 }
 
 
@@ -167,7 +167,8 @@ def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
     if top_k < 0:
         raise RequestError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
     seed = _get(data, "seed", int, None)
-    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")))
+    ignore_eos = _get(data, "ignore_eos", bool, False)  # benchmarks: always produce max_new_tokens
+    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos)
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

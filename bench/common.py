@@ -1,0 +1,55 @@
+"""Helpers shared by the benchmarks: versions, results files, the docs section writer."""
+from __future__ import annotations
+
+import json
+import platform
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
+
+
+def versions() -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "machine": _cpu_name(),
+           "threads": torch.get_num_threads()}
+    for pkg in ("transformers", "torchserve"):
+        try:
+            from importlib.metadata import version
+
+            out[pkg] = version(pkg)
+        except Exception:  # not installed: the field is simply absent
+            pass
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_json(name: str, data: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def write_section(key: str, markdown: str) -> None:
+    """Replace this benchmark's section of docs/benchmarks.md (between its markers), or append it."""
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nEvery number here was measured by the command shown with it; ratios are measured side by side in one run.\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    BENCHMARKS_MD.write_text(text)

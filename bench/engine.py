@@ -1,0 +1,205 @@
+"""Engine benchmark: decode tokens/s of transformers `generate` (eager) vs this engine (eager and
+compiled), at several batch sizes, in one process, plus the memory-bandwidth roofline at batch 1.
+
+    .venv/bin/python bench/engine.py                 # CPU, bf16, batches 1 8 32
+    .venv/bin/python bench/engine.py --device cuda   # the same on a GPU (see bench/gpu.sh)
+
+Writes docs/results/engine.json, docs/results/engine.png and the Engine section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, versions, write_json, write_section  # noqa: E402
+
+from handler.engine.config import EngineConfig  # noqa: E402
+from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.engine.factory import build_engine  # noqa: E402
+from handler.engine.sampling import SamplingParams  # noqa: E402
+from handler.engine.tokenizer import Tokenizer  # noqa: E402
+
+PROMPT = "The history of the printing press begins in"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, default=None, help="default: the converted SmolLM2-135M-Instruct")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--variants", nargs="+", default=["eager", "compiled", "compiled_autotune"])
+    p.add_argument("--out", default="engine")
+    return p.parse_args()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def memory_bandwidth(device: str) -> float:
+    """Read bandwidth in bytes/s: best of 10 sums over 256 MiB."""
+    x = torch.ones(64 * 2**20, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(10):
+        sync(device)
+        t = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes a batch-1 decode step must read: every weight once (the embedding table is only
+    gathered, but with tied embeddings it is read whole as the output projection)."""
+    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("tok_embeddings"))
+    return total
+
+
+def hf_decode_tps(checkpoint: Path, device: str, dtype: torch.dtype, batch: int, n: int) -> float:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device).eval()
+    ids = tok([PROMPT] * batch, return_tensors="pt").input_ids.to(device)
+
+    def run(new: int) -> float:
+        sync(device)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.eos_token_id)
+        sync(device)
+        return time.perf_counter() - t
+
+    run(2)  # warm-up
+    # Decode time = generate(n) - generate(1): the first token comes from the prefill.
+    return batch * (n - 1) / max(run(n) - run(1), 1e-9)
+
+
+def ours_decode_tps(engine, device: str, batch: int, n: int) -> float:
+    ids = engine.tokenizer.encode(PROMPT)
+    params = SamplingParams(max_new_tokens=n + 1, ignore_eos=True)
+    for i in range(batch):
+        engine.add(f"r{i}", ids, params)
+    engine.step()  # prefill: every sequence gets its first token
+    engine.step()  # first decode at this batch size (warm)
+    sync(device)
+    t = time.perf_counter()
+    steps = 0
+    while engine.running:
+        engine.step()
+        steps += 1
+    sync(device)
+    return batch * steps / (time.perf_counter() - t)
+
+
+VARIANTS = {
+    "eager": dict(compile="eager"),
+    "compiled": dict(compile="inductor"),
+    "compiled_autotune": dict(compile="inductor", max_autotune=True),
+}
+
+
+def main() -> None:
+    args = parse_args()
+    checkpoint = args.checkpoint or ensure_default_checkpoint(Path("artifacts/checkpoints/smollm2-135m-instruct"))
+    dtype = getattr(torch, args.dtype)
+    result = {"versions": versions(), "device": args.device, "dtype": args.dtype, "new_tokens": args.new_tokens,
+              "batches": args.batches, "tokens_per_s": {}, "compile_seconds": {}}
+    result["prompt_tokens"] = len(Tokenizer.from_dir(checkpoint).encode(PROMPT))
+    bw = memory_bandwidth(args.device)
+    result["memory_bandwidth_gb_s"] = bw / 1e9
+    for batch in args.batches:
+        tps = hf_decode_tps(checkpoint, args.device, dtype, batch, args.new_tokens)
+        result["tokens_per_s"].setdefault("hf_eager", {})[str(batch)] = tps
+        print(f"hf_eager bs={batch}: {tps:.1f} tok/s", flush=True)
+    max_batch = max(args.batches)
+    for name in args.variants:
+        cfg = EngineConfig(checkpoint, dtype=args.dtype, device=args.device, max_batch_size=max_batch, max_seq_len=256,
+                           **VARIANTS[name])
+        loaded = build_engine(cfg)
+        result["compile_seconds"][name] = loaded.steps.compile_seconds
+        if name == args.variants[0]:
+            weight_bytes = weight_bytes_per_token(loaded.model)
+            result["weight_bytes_per_token"] = weight_bytes
+            result["roofline_tokens_per_s_bs1"] = bw / weight_bytes
+        for batch in args.batches:
+            tps = ours_decode_tps(loaded.engine, args.device, batch, args.new_tokens)
+            result["tokens_per_s"].setdefault(name, {})[str(batch)] = tps
+            print(f"{name} bs={batch}: {tps:.1f} tok/s (compile {loaded.steps.compile_seconds:.0f} s)", flush=True)
+        del loaded
+        torch._dynamo.reset()
+    summarize(result)
+    write_json(f"{args.out}.json", result)
+    plot(result, RESULTS / f"{args.out}.png")
+    write_section(args.out, markdown(result, " ".join(sys.argv[1:]), args.out))
+
+
+def summarize(r: dict) -> None:
+    tps = r["tokens_per_s"]
+    compiled = [v for v in tps if v.startswith("compiled")]
+    best = max(compiled, key=lambda v: tps[v][str(r["batches"][0])]) if compiled else "eager"
+    r["headline_variant"] = best
+    first, last = str(r["batches"][0]), str(r["batches"][-1])
+    r[f"speedup_vs_hf_bs{first}"] = tps[best][first] / tps["hf_eager"][first]
+    r[f"speedup_vs_hf_bs{last}"] = tps[max(compiled, key=lambda v: tps[v][last]) if compiled else best][last] / tps["hf_eager"][last]
+    r["roofline_fraction_bs1"] = tps[best].get("1", 0.0) / r["roofline_tokens_per_s_bs1"]
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(r["tokens_per_s"])
+    batches = [str(b) for b in r["batches"]]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        xs = [j + i * width for j in range(len(batches))]
+        ax.bar(xs, [r["tokens_per_s"][v][b] for b in batches], width, label=v)
+    ax.axhline(r["roofline_tokens_per_s_bs1"], color="k", ls="--", lw=1, label="bs1 bandwidth roofline")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens/s (log)")
+    ax.set_title(f"SmolLM2-135M decode, {r['dtype']}, {r['device']} ({r['versions']['machine']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def markdown(r: dict, argv: str, out: str) -> str:
+    tps = r["tokens_per_s"]
+    rows = "\n".join(f"| {v} | " + " | ".join(f"{tps[v][str(b)]:.1f}" for b in r["batches"]) +
+                     f" | {r['compile_seconds'].get(v, 0):.0f} |" for v in tps)
+    v = r["versions"]
+    first, last = r["batches"][0], r["batches"][-1]
+    return f"""## Engine (decode tokens/s, {r['dtype']}, {r['device']})
+
+Command: `.venv/bin/python bench/engine.py {argv}`. Versions: torch {v['torch']}, transformers {v.get('transformers')},
+Python {v['python']}, {v['machine']}, {v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
+prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill. `hf_eager` is transformers `generate` in the same dtype.
+
+| variant | """ + " | ".join(f"batch {b}" for b in r["batches"]) + " | compile s |\n|---|" + "---|" * (len(r["batches"]) + 1) + f"""
+{rows}
+
+- Measured read bandwidth {r['memory_bandwidth_gb_s']:.1f} GB/s; {r['weight_bytes_per_token'] / 1e6:.0f} MB of weights per
+  batch-1 step, so the roofline is {r['roofline_tokens_per_s_bs1']:.0f} tokens/s.
+- Headline ({r['headline_variant']}): **{r[f'speedup_vs_hf_bs{first}']:.2f}x** transformers at batch {first},
+  **{r[f'speedup_vs_hf_bs{last}']:.2f}x** at batch {last}, **{100 * r['roofline_fraction_bs1']:.0f}%** of the batch-1 roofline.
+
+![engine](results/{out}.png)
+"""
+
+
+if __name__ == "__main__":
+    main()

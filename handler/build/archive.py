@@ -1,0 +1,55 @@
+"""Pack a checkpoint directory and the handler into model_store/<name>.mar with torch-model-archiver."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+from model_archiver.model_archiver_config import ModelArchiverConfig
+from model_archiver.model_packaging import generate_model_archive
+
+from handler.build.model_config import ServingOptions, model_config
+from handler.engine.checkpoint import open_checkpoint
+
+log = logging.getLogger(__name__)
+
+HANDLER_FILE = Path(__file__).resolve().parents[1] / "serving" / "llm_handler.py"
+CHECKPOINT_FILES = ("*.safetensors", "*.json", "*.jinja")
+
+
+def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: ServingOptions,
+              extra_dirs: dict[str, Path] | None = None, handler_file: Path = HANDLER_FILE) -> Path:
+    """Write model_store/<model_name>.mar; `extra_dirs` maps folder names inside the archive to
+    local folders (compiled artifacts, for instance)."""
+    open_checkpoint(checkpoint_dir)  # fail here, with the reason, not in a worker later
+    model_store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=model_store) as tmp:
+        staging = Path(tmp) / "extra"
+        _stage(staging / opts.handler.get("checkpoint", "checkpoint"), checkpoint_dir)
+        for name, src in (extra_dirs or {}).items():
+            _stage(staging / name, src, patterns=("**/*",))
+        config_file = Path(tmp) / "model-config.yaml"
+        config_file.write_text(yaml.safe_dump(model_config(opts), sort_keys=False))
+        generate_model_archive(ModelArchiverConfig(
+            model_name=model_name, handler=str(handler_file), version="1.0", extra_files=str(staging),
+            export_path=str(model_store), archive_format="zip-store", force=True, config_file=str(config_file),
+        ))
+    mar = model_store / f"{model_name}.mar"
+    log.info("wrote %s (%.0f MB)", mar, mar.stat().st_size / 1e6)
+    return mar
+
+
+def _stage(dest: Path, src: Path, patterns: tuple[str, ...] = CHECKPOINT_FILES) -> None:
+    # Hard links where possible: the archiver copies again, no need to copy twice.
+    for pattern in patterns:
+        for file in Path(src).glob(pattern):
+            if file.is_file():
+                target = dest / file.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(file, target)
+                except OSError:
+                    shutil.copy2(file, target)

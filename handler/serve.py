@@ -1,0 +1,56 @@
+"""`serve.sh`: start TorchServe with the built .mar on loopback, wait until the model is READY,
+answer one chat request, and leave the server running (`serve.sh --stop` stops it)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from handler.launcher import TorchServe, TorchServeError, _ports_from, read_properties, start_torchserve
+
+WORKDIR = Path("run")  # key_file.json, logs and TorchServe's pid file live here
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="serve.sh", description=__doc__)
+    p.add_argument("--model-store", type=Path, default=Path("model_store"))
+    p.add_argument("--model-name", default="llm")
+    p.add_argument("--ts-config", type=Path, default=Path("config.properties"))
+    p.add_argument("--ready-timeout", type=float, default=1800)
+    p.add_argument("--stop", action="store_true", help="stop the server started by serve.sh")
+    args = p.parse_args(argv)
+    ts = TorchServe(WORKDIR.resolve(), _ports_from(read_properties(args.ts_config)))
+    if args.stop:
+        ts.stop()
+        print("TorchServe stopped")
+        return 0
+    ts = start_torchserve(args.model_store, {args.model_name: f"{args.model_name}.mar"}, args.ts_config, WORKDIR.resolve())
+    print(f"TorchServe starting; worker log: {WORKDIR}/logs/model_log.log (a cold start compiles the model)", flush=True)
+    try:
+        waited = ts.wait_ready(args.model_name, args.ready_timeout)
+    except TorchServeError as err:
+        print(f"serve.sh: error: {err}", file=sys.stderr)
+        ts.stop()
+        return 1
+    print(f"model {args.model_name!r} READY after {waited:.0f} s")
+    question = "What is the capital of France?"
+    start = time.monotonic()
+    r = requests.post(f"{ts.inference_url}/predictions/{args.model_name}/1.0/v1/chat/completions", headers=ts.headers(),
+                      json={"model": args.model_name, "messages": [{"role": "user", "content": question}],
+                            "max_tokens": 48, "temperature": 0}, timeout=120)
+    r.raise_for_status()
+    answer = r.json()["choices"][0]["message"]["content"]
+    print(f"\nQ: {question}\nA: {answer}\n({time.monotonic() - start:.2f} s)\n")
+    print(f"""The server keeps running on loopback. Try:
+  TOKEN=$(python3 -c 'import json; print(json.load(open("{WORKDIR}/key_file.json"))["inference"]["key"])')
+  curl -H "Authorization: Bearer $TOKEN" {ts.inference_url}/predictions/{args.model_name} -d '{{"prompt": "Once upon a time", "stream": true}}'
+OpenAI clients: base_url={ts.inference_url}/predictions/{args.model_name}/1.0/v1, api_key=$TOKEN
+Metrics: {ts.metrics_url}/metrics    Stop: ./serve.sh --stop""")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

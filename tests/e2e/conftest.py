@@ -1,0 +1,59 @@
+"""A real TorchServe serving a real .mar of the default model, token auth on, started once."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.launcher import Ports, start_torchserve
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "llm"
+MAX_SEQ_LEN = 256
+CAP = 64
+
+
+def build_store(tmp: Path, checkpoint: Path, batching: str, compile_mode: str) -> Path:
+    handler = {"dtype": "bfloat16", "compile": compile_mode, "max_seq_len": MAX_SEQ_LEN, "max_new_tokens_cap": CAP,
+               "default_max_new_tokens": 16, "served_model_name": MODEL}
+    store = tmp / "model_store"
+    build_mar(checkpoint, MODEL, store, ServingOptions(batching, batch_size=8, max_batch_delay_ms=10, handler=handler))
+    return store
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, default_checkpoint):
+    """Continuous batching, compiled engine: the product's default shape."""
+    tmp = tmp_path_factory.mktemp("ts_continuous")
+    store = build_store(tmp, default_checkpoint, "continuous", "inductor")
+    ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties", tmp / "work", Ports.free())
+    try:
+        ts.wait_ready(MODEL, timeout=1200)
+        yield ts
+    finally:
+        ts.stop()
+
+
+@pytest.fixture(scope="session")
+def dynamic_server(tmp_path_factory, default_checkpoint):
+    """batchSize/maxBatchDelay mode, eager: token-by-token gRPC streaming lives here."""
+    tmp = tmp_path_factory.mktemp("ts_dynamic")
+    store = build_store(tmp, default_checkpoint, "dynamic", "eager")
+    ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties", tmp / "work", Ports.free())
+    try:
+        ts.wait_ready(MODEL, timeout=300)
+        yield ts
+    finally:
+        ts.stop()
+
+
+@pytest.fixture(scope="session")
+def grpc_stubs(tmp_path_factory):
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "support"))
+    from grpc_stubs import load_inference_stubs
+
+    return load_inference_stubs(tmp_path_factory.mktemp("grpc"))

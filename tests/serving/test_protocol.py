@@ -1,0 +1,118 @@
+"""Request parsing and validation: every bad input becomes a RequestError whose message says what to fix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from handler.serving.protocol import Limits, RequestError, parse_request
+
+LIMITS = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=8, served_model_name="llm")
+
+
+def encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def encode_chat(messages: list[dict]) -> list[int]:
+    return encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
+
+
+def parse(body, path=""):
+    return parse_request(body, path, encode, encode_chat, LIMITS)
+
+
+def rejects(body, path="", status=400) -> str:
+    with pytest.raises(RequestError) as err:
+        parse(body, path)
+    assert err.value.status == status
+    return err.value.message
+
+
+def test_native_prompt_defaults():
+    req = parse({"prompt": "hi"})
+    assert req.api == "native" and req.prompt_ids == [104, 105]
+    assert req.params.max_new_tokens == 8 and req.params.greedy and not req.stream
+
+
+def test_body_as_bytes_and_str_are_decoded():
+    assert parse(json.dumps({"prompt": "a"}).encode()).prompt_ids == [97]
+    assert parse(json.dumps({"prompt": "a"})).prompt_ids == [97]
+
+
+def test_malformed_json():
+    assert "not valid JSON" in rejects(b'{"prompt": ')
+
+
+def test_invalid_utf8():
+    assert "not valid UTF-8" in rejects(b'{"prompt": "\xff\xfe"}')
+
+
+def test_body_must_be_an_object():
+    assert "must be a JSON object" in rejects([1, 2])
+
+
+def test_unknown_field_is_named():
+    assert "'temprature'" in rejects({"prompt": "a", "temprature": 1})
+
+
+def test_wrong_types_are_named():
+    assert "`max_new_tokens` must be an integer" in rejects({"prompt": "a", "max_new_tokens": "5"})
+    assert "`stream` must be true or false" in rejects({"prompt": "a", "stream": "yes"})
+    assert "`temperature` must be a number" in rejects({"prompt": "a", "temperature": True})
+    assert "`prompt` must be a string" in rejects({"prompt": 5})
+
+
+def test_empty_prompt():
+    assert "empty" in rejects({"prompt": "   "})
+
+
+def test_prompt_and_messages_together():
+    assert "exactly one" in rejects({"prompt": "a", "messages": [{"role": "user", "content": "b"}]})
+
+
+def test_prompt_longer_than_context():
+    message = rejects({"prompt": "x" * 60, "max_new_tokens": 8})
+    assert "exceed the context of 64 tokens" in message
+
+
+def test_max_new_tokens_over_cap():
+    assert "between 1 and 32" in rejects({"prompt": "a", "max_new_tokens": 33})
+
+
+def test_negative_temperature():
+    assert "temperature must be >= 0" in rejects({"prompt": "a", "temperature": -0.5})
+
+
+def test_top_p_out_of_range():
+    assert "top_p" in rejects({"prompt": "a", "top_p": 0})
+
+
+def test_stop_validation():
+    assert parse({"prompt": "a", "stop": "\n"}).params.stop == ("\n",)
+    assert "stop" in rejects({"prompt": "a", "stop": ["", "x"]})
+    assert "at most 4" in rejects({"prompt": "a", "stop": list("abcde")})
+
+
+def test_chat_messages_validated():
+    assert "role must be one of" in rejects({"messages": [{"role": "robot", "content": "a"}]})
+    assert "non-empty list" in rejects({"messages": []})
+    req = parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    assert req.prompt_ids == encode("<user>hi")
+
+
+def test_openai_completions_defaults_and_model_check():
+    req = parse({"model": "llm", "prompt": ["hi"]}, "v1/completions")
+    assert req.api == "completions" and req.params.max_new_tokens == 16 and req.params.temperature == 1.0
+    assert "does not exist" in rejects({"model": "gpt-4", "prompt": "hi"}, "v1/completions", status=404)
+    assert "only n=1" in rejects({"prompt": "hi", "n": 2}, "v1/completions")
+
+
+def test_openai_chat_max_completion_tokens():
+    req = parse({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3, "stream": True,
+                 "stream_options": {"include_usage": True}}, "/v1/chat/completions")
+    assert req.params.max_new_tokens == 3 and req.stream and req.include_usage
+
+
+def test_unknown_route_is_404():
+    assert "unknown route 'v1/embeddings'" in rejects({"prompt": "a"}, "v1/embeddings", status=404)

@@ -1,0 +1,123 @@
+"""The request lifecycle of both batching modes, driven as TorchServe drives it, on the real engine."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine
+from handler.serving.metrics import RecordingSink
+from handler.serving.protocol import Limits
+from handler.serving.service import ContinuousService, DynamicService, Incoming
+
+LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8, served_model_name="llm")
+
+
+@pytest.fixture(scope="module")
+def engine(default_checkpoint):
+    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=128)
+    return build_engine(cfg).engine
+
+
+def req(prompt="The sky is", n=6, stream=False, **extra):
+    return {"prompt": prompt, "max_new_tokens": n, "stream": stream, **extra}
+
+
+def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50):
+    """Call handle() as the frontend does until every request ended; returns replies per id."""
+    replies: dict[str, list] = {}
+    live = list(first)
+    for _ in range(max_calls):
+        if not live:
+            return replies
+        out = service.handle(live)
+        for inc, reply in zip(live, out):
+            replies.setdefault(inc.request_id, []).append(reply)
+        live = [Incoming(i.request_id, None, i.http, i.url_path) for i, r in zip(live, out) if r.more is True]
+    raise AssertionError("requests did not finish")
+
+
+def test_streaming_pieces_join_to_the_whole_answer(engine):
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    whole = drive(service, [Incoming("a", req(), True)])["a"]
+    streamed = drive(service, [Incoming("b", req(stream=True), True)])["b"]
+    assert len(whole) > 1 and [r.more for r in whole][-1] is False
+    assert [r.body for r in whole[:-1]] == [""] * (len(whole) - 1), "a non-streaming client sees only the final body"
+    lines = [json.loads(line) for r in streamed for line in r.body.splitlines()]
+    assert "".join(p["text"] for p in lines) == json.loads(whole[-1].body)["text"]
+    assert lines[-1]["finish_reason"] == "length" and lines[-1]["usage"]["completion_tokens"] == 6
+    assert [r.more for r in streamed][-1] is False and all(r.more for r in streamed[:-1])
+
+
+def test_request_finishing_in_its_first_call_is_a_whole_response(engine):
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    [reply] = drive(service, [Incoming("a", req(n=1, stream=True), True)])["a"]
+    assert reply.more is None and reply.status == 200
+
+
+def test_bad_request_in_a_batch_does_not_hurt_the_others(engine):
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    replies = drive(service, [Incoming("good", req(), True), Incoming("bad", {"prompt": ""}, True),
+                              Incoming("good2", req("Hello"), True)])
+    assert replies["bad"][0].status == 400 and replies["bad"][0].more is None
+    assert "empty" in json.loads(replies["bad"][0].body)["error"]["message"]
+    for rid in ("good", "good2"):
+        assert json.loads(replies[rid][-1].body)["finish_reason"] == "length"
+
+
+def test_grpc_requests_are_answered_whole_in_the_admitting_call(engine):
+    """TorchServe 0.12 ends a gRPC call at its first reply in continuous mode (unary) or drops
+    it (stream), so gRPC work must finish in one call; a concurrent HTTP stream loses nothing."""
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    first = service.handle([Incoming("http", req(n=20, stream=True), True)])
+    second = service.handle([Incoming("http", None, True), Incoming("grpc", req(n=6), False)])
+    assert second[1].more is False and json.loads(second[1].body)["usage"]["completion_tokens"] == 6
+    rest = drive(service, [Incoming("http", None, True)])["http"]
+    pieces = [json.loads(line) for r in [*first, second[0], *rest] for line in r.body.splitlines()]
+    assert pieces[-1]["usage"]["completion_tokens"] == 20
+    alone = drive(ContinuousService(engine, LIMITS, RecordingSink()), [Incoming("x", req(n=20), True)])["x"]
+    assert "".join(p["text"] for p in pieces) == json.loads(alone[-1].body)["text"]
+
+
+def test_a_request_the_frontend_stops_sending_is_cancelled(engine):
+    sink = RecordingSink()
+    service = ContinuousService(engine, LIMITS, sink)
+    service.handle([Incoming("gone", req(n=30, stream=True), True)])
+    assert engine.running == 1
+    service.handle([Incoming("new", req(n=2), True)])
+    assert "gone" not in service.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
+    drive(service, [Incoming("new", None, True)])
+    assert engine.running == 0
+
+
+def test_draining_refuses_new_requests_but_finishes_running_ones(engine):
+    draining = False
+    service = ContinuousService(engine, LIMITS, RecordingSink(), draining=lambda: draining)
+    service.handle([Incoming("old", req(n=5, stream=True), True)])
+    draining = True
+    out = service.handle([Incoming("old", None, True), Incoming("new", req(), True)])
+    assert out[1].status == 503 and "retry" in json.loads(out[1].body)["error"]["message"]
+    rest = drive(service, [Incoming("old", None, True)])["old"]
+    assert json.loads(rest[-1].body.splitlines()[-1])["finish_reason"] == "length"
+
+
+def test_metrics_cover_the_request_lifecycle(engine):
+    sink = RecordingSink()
+    drive(ContinuousService(engine, LIMITS, sink), [Incoming("a", req(n=4), True)])
+    assert len(sink.of("ts_llm_time_to_first_token_seconds")) == 1
+    assert sum(sink.of("ts_llm_generation_tokens_total")) == 4
+    assert ("ts_llm_request_success_total", 1, "length") in sink.values
+    assert len(sink.of("ts_llm_e2e_request_latency_seconds")) == 1
+
+
+def test_dynamic_mode_streams_through_the_callback_and_returns_finals(engine):
+    sent: list[dict] = []
+    service = DynamicService(engine, LIMITS, RecordingSink())
+    batch = [Incoming("s", req(n=5, stream=True), True), Incoming("w", req(n=5), True), Incoming("bad", {"x": 1}, True)]
+    finals = service.handle(batch, sent.append)
+    assert sent and all(set(p) == {0} for p in sent), "only the streaming request gets partial replies"
+    pieces = [json.loads(line) for p in sent for line in p[0].body.splitlines()] + \
+             [json.loads(line) for line in finals[0].body.splitlines()]
+    assert "".join(p["text"] for p in pieces) == json.loads(finals[1].body)["text"]
+    assert finals[2].status == 400 and engine.running == 0
