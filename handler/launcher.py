@@ -38,10 +38,11 @@ class Ports:
     metrics: int = 8082
     grpc_inference: int = 7070
     grpc_management: int = 7071
+    worker_base: int = 9000
 
     @classmethod
     def free(cls) -> "Ports":
-        return cls(*(free_port() for _ in range(5)))
+        return cls(*(free_port() for _ in range(6)))
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -67,6 +68,9 @@ def with_ports(props: dict[str, str], ports: Ports) -> dict[str, str]:
     out["grpc_management_address"] = "127.0.0.1"
     out["grpc_inference_port"] = str(ports.grpc_inference)
     out["grpc_management_port"] = str(ports.grpc_management)
+    # Workers talk to the frontend over /tmp/.ts.sock.<port> whatever TMPDIR says, from 9000 up:
+    # a private range keeps instances on one machine apart.
+    out["initial_worker_port"] = str(ports.worker_base)
     return out
 
 

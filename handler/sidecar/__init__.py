@@ -7,7 +7,7 @@ Public API (everything else is internal):
     run_drain, DrainDeps, DrainReport   drain.py
     DrainPlan, DrainPolicy, plan_drain  drain_plan.py
     TerminationNotice, NoticeKind       notice.py
-    TorchServeClient, in_flight_reader  torchserve_client.py
+    TorchServeClient, running_reader  torchserve_client.py
     MetadataEmulator                    emulator.py (tests and the chaos run)
 """
 
@@ -15,11 +15,11 @@ from handler.sidecar.config import SidecarConfig, load_config
 from handler.sidecar.drain import DrainDeps, DrainReport, run_drain
 from handler.sidecar.drain_plan import DrainPlan, DrainPolicy, plan_drain
 from handler.sidecar.notice import NoticeKind, TerminationNotice
-from handler.sidecar.torchserve_client import TorchServeClient, in_flight_reader
+from handler.sidecar.torchserve_client import TorchServeClient, running_reader
 from handler.sidecar.watch import Hooks, Sidecar
 
 __all__ = [
     "DrainDeps", "DrainPlan", "DrainPolicy", "DrainReport", "Hooks", "NoticeKind", "Sidecar",
-    "SidecarConfig", "TerminationNotice", "TorchServeClient", "in_flight_reader", "load_config",
+    "SidecarConfig", "TerminationNotice", "TorchServeClient", "running_reader", "load_config",
     "plan_drain", "run_drain",
 ]

@@ -1,10 +1,13 @@
-"""The seam to `handler.cache` (written separately): restore, publish, and the drain's publisher.
+"""The seam to `handler.cache`: restore, publish, and the drain's publisher.
 
 `handler.cache.sync.restore(store, key, dest_dir, log)` and `publish_if_new(store, key, src_dir)`
 take an ArtifactStore and a CacheKey. From the command line and the sidecar config those arrive
 as text: the store as a URI (`s3://bucket/prefix`, or a local directory) and the key as the path
-of a JSON file holding `CacheKey.describe()` (written by whoever computed the key).
-HOOK(lead): confirm that key-file contract with the serving side, or replace `load_key`.
+of a JSON file holding `CacheKey.describe()`.
+
+The key-file contract: whoever compiles writes `cache-key.json` into the cache directory next
+to the artifacts (config.KEY_FILE_NAME). No key file means nothing was compiled here, so there
+is nothing to publish; for a restore, no key means nothing to look up (a cold start).
 """
 
 from __future__ import annotations
@@ -59,10 +62,17 @@ def load_key(path: Path) -> Any:
                           ) from err
 
 
+NO_KEY = "no_key"  # the outcome when there is no key file: not an error, nothing to do
+
+
 def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
             region: str | None = None) -> str:
     sync = sync_module()
     store = open_store(store_uri, endpoint_url, region)
+    if not key_path.exists():
+        log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
+                    key_path)
+        return NO_KEY
     return str(sync.restore(store, load_key(key_path), dest_dir, log))
 
 
@@ -70,6 +80,9 @@ def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | N
             region: str | None = None) -> str:
     sync = sync_module()
     store = open_store(store_uri, endpoint_url, region)
+    if not key_path.exists():
+        log.warning("no cache key at %s: nothing compiled here, nothing to publish", key_path)
+        return NO_KEY
     return str(sync.publish_if_new(store, load_key(key_path), src_dir))
 
 

@@ -1,20 +1,26 @@
 """`ts-llm-sidecar`: watch for termination and drain; restore/publish the compile cache.
 
-    ts-llm-sidecar watch --config sidecar.yaml [--margin-s 3 ...]
-    ts-llm-sidecar restore --store s3://bucket/prefix --key KEY --dest-dir DIR
-    ts-llm-sidecar publish --store s3://bucket/prefix --key KEY --src-dir DIR
+    ts-llm-sidecar watch   [--config sidecar.yaml] [--drain-margin-s 5 ...]
+    ts-llm-sidecar drain   [--wait] [--timeout-s N]      (the preStop hook)
+    ts-llm-sidecar restore --cache-store s3://bucket/prefix --cache-dir DIR
+    ts-llm-sidecar publish --cache-store s3://bucket/prefix --cache-dir DIR
+
+Every subcommand takes the same settings (SidecarConfig: a YAML file and/or one flag per key),
+so one config file serves the init container, the sidecar and the preStop hook alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
 from handler.sidecar import cache_hooks
-from handler.sidecar.config import add_config_arguments, config_from_args
-from handler.sidecar.errors import ConfigError
+from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
+from handler.sidecar.drain_client import exit_code, request_drain
+from handler.sidecar.errors import ConfigError, SidecarError
 from handler.sidecar.watch import Sidecar
 
 log = logging.getLogger("handler.sidecar")
@@ -33,15 +39,21 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ts-llm-sidecar", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    watch = commands.add_parser("watch", help="watch for termination, serve /ready, drain")
-    add_config_arguments(watch)
-    watch.set_defaults(run=run_watch)
-    restore = commands.add_parser("restore", help="fetch the compile cache before start")
-    _add_cache_arguments(restore, "--dest-dir")
-    restore.set_defaults(run=run_restore)
-    publish = commands.add_parser("publish", help="upload the compile cache if it is new")
-    _add_cache_arguments(publish, "--src-dir")
-    publish.set_defaults(run=run_publish)
+    for name, run, text in [
+        ("watch", run_watch, "watch for termination, serve /ready, drain"),
+        ("drain", run_drain_request, "ask the running sidecar to drain (a preStop hook)"),
+        ("restore", run_restore, "fetch the compile cache before TorchServe starts"),
+        ("publish", run_publish, "upload the compile cache if it is new"),
+    ]:
+        command = commands.add_parser(name, help=text, description=text)
+        add_config_arguments(command)
+        command.set_defaults(run=run)
+    drain = commands.choices["drain"]
+    drain.add_argument("--wait", action="store_true",
+                       help="block until the drain is done; exit with its exit code")
+    drain.add_argument("--timeout-s", type=float, default=None,
+                       help="give up waiting after this long (default: wait; the kubelet "
+                            "bounds a preStop hook by the grace period anyway)")
     return parser
 
 
@@ -57,29 +69,48 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0 if report is None else report.exit_code
 
 
-# ---- cache subcommands: thin wrappers over handler.cache.sync (see cache_hooks.py, HOOK)
+def run_drain_request(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    try:
+        status = request_drain(config.listen_port, wait=args.wait, timeout_s=args.timeout_s)
+    except SidecarError as err:
+        log.error("drain: %s", err)
+        return 1
+    print(json.dumps(status, default=str))
+    return exit_code(status)
+
+
+# ---- cache subcommands: thin wrappers over handler.cache.sync (see cache_hooks.py)
 
 def run_restore(args: argparse.Namespace) -> int:
-    outcome = cache_hooks.restore(args.store, Path(args.key), Path(args.dest_dir),
-                                  args.endpoint_url, args.region)
+    config = _cache_config(config_from_args(args))
+    outcome = cache_hooks.restore(str(config.cache_store), _key(config),
+                                  Path(str(config.cache_dir)), config.aws_endpoint_url,
+                                  config.aws_region)
     log.info("cache restore: %s", outcome)
     return 0  # a miss or an unavailable store means a cold start, not a failed container
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    outcome = cache_hooks.publish(args.store, Path(args.key), Path(args.src_dir),
-                                  args.endpoint_url, args.region)
+    config = _cache_config(config_from_args(args))
+    outcome = cache_hooks.publish(str(config.cache_store), _key(config),
+                                  Path(str(config.cache_dir)), config.aws_endpoint_url,
+                                  config.aws_region)
     log.info("cache publish: %s", outcome)
     return 1 if outcome == "store_unavailable" else 0
 
 
-def _add_cache_arguments(parser: argparse.ArgumentParser, dir_flag: str) -> None:
-    parser.add_argument("--store", required=True, help="artifact store, e.g. s3://bucket/prefix")
-    parser.add_argument("--key", required=True,
-                        help="JSON file with the cache key (CacheKey.describe())")
-    parser.add_argument(dir_flag, required=True, help="local cache directory")
-    parser.add_argument("--endpoint-url", help="S3 endpoint override (MinIO, moto)")
-    parser.add_argument("--region", help="S3 region")
+def _cache_config(config: SidecarConfig) -> SidecarConfig:
+    if not (config.cache_store and config.cache_dir):
+        raise ConfigError("restore and publish need cache_store (s3://bucket/prefix or a "
+                          "directory) and cache_dir: --cache-store, --cache-dir or the config file")
+    return config
+
+
+def _key(config: SidecarConfig) -> Path:
+    key = config.cache_key_path
+    assert key is not None, "cache_dir is set, so the key path is known"
+    return key
 
 
 if __name__ == "__main__":

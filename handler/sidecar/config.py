@@ -1,6 +1,7 @@
 """SidecarConfig: one frozen dataclass, parsed once from a YAML file and/or CLI flags.
 
-YAML keys and flags share the field names (`margin_s` <-> `--margin-s`); flags win. Unknown
+YAML keys and flags share the field names (`drain_margin_s` <-> `--drain-margin-s`); flags win.
+Every `ts-llm-sidecar` subcommand reads the same settings, so one file serves them all. Unknown
 keys are rejected with the list of allowed ones, so a typo never silently keeps a default.
 """
 
@@ -20,6 +21,9 @@ import yaml
 
 from handler.sidecar.drain_plan import DrainPolicy
 from handler.sidecar.errors import ConfigError
+
+# The compile cache's key file inside cache_dir: whoever compiles writes it next to the artifacts.
+KEY_FILE_NAME = "cache-key.json"
 
 
 class Cloud(enum.StrEnum):
@@ -44,9 +48,11 @@ class SidecarConfig:
     model_name: str = _f("llm", "model whose workers decide readiness")
     management_url: str = _f("http://127.0.0.1:8081", "TorchServe management API")
     key_file: str | None = _f(None, "TorchServe key_file.json; unset when token auth is off")
-    in_flight_url: str | None = _f(None, "URL with the handler's in-flight count (JSON or "
-                                         "Prometheus text)")
-    in_flight_metric: str = _f("ts_llm_requests_in_flight", "metric summed at in_flight_url")
+    metrics_url: str | None = _f("http://127.0.0.1:8082/metrics",
+                                 "TorchServe's Prometheus endpoint, where the handler's running "
+                                 "gauge is read (empty: queue only)")
+    running_metric: str = _f("ts_llm_requests_running",
+                             "gauge at metrics_url summed over workers: requests generating")
     # Watchers
     clouds: tuple[Cloud, ...] = _f((Cloud.AWS,), "metadata services to watch: aws,gcp,azure")
     aws_metadata_url: str = _f("http://169.254.169.254", "IMDS base URL")
@@ -59,24 +65,31 @@ class SidecarConfig:
     gcp_notice_s: float = _f(30.0, "GCP preemption deadline after the notice")
     azure_min_notice_s: float = _f(30.0, "Azure deadline when NotBefore is empty")
     azure_acknowledge: bool = _f(True, "acknowledge Azure events once the drain is done")
-    signal_grace_s: float = _f(30.0, "deadline after SIGTERM/SIGINT (K8s grace period)")
+    signal_grace_s: float = _f(30.0, "deadline after SIGTERM/SIGINT or a `drain` request "
+                                     "(the pod's terminationGracePeriodSeconds)")
     drain_on_rebalance: bool = _f(False, "treat an AWS rebalance recommendation as a notice")
     # Drain
-    margin_s: float = _f(5.0, "finish this long before the deadline")
+    drain_margin_s: float = _f(5.0, "finish the drain this long before the deadline")
     publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
     stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe")
     quiet_s: float = _f(1.0, "in-flight must read 0 this long before the wait ends")
-    stop_method: StopMethod = _f(StopMethod.CLI, "cli | pid | none")
+    quiet_polls: int = _f(2, "...and on this many polls in a row (backend metrics lag)")
+    drain_flag_file: str | None = _f(None, "created when the drain starts; the handler's "
+                                           "drain_flag_file (same path): new requests get 503")
+    stop_method: StopMethod = _f(StopMethod.CLI, "cli | pid | none (none: keep serving "
+                                                 "/ready and /drain after the drain until SIGTERM)")
     torchserve_pid_file: str | None = _f(None, "pid file for stop_method=pid")
-    # Compile cache, published during the drain through handler.cache.sync
-    cache_store: str | None = _f(None, "artifact store URI, e.g. s3://bucket/prefix")
-    cache_key: str | None = _f(None, "JSON file with the cache key (CacheKey.describe())")
-    cache_dir: str | None = _f(None, "local cache directory to publish")
+    report_file: str | None = _f(None, "write the drain report here as JSON")
+    # Compile cache: restored before TorchServe starts, published during the drain
+    cache_store: str | None = _f(None, "artifact store URI: s3://bucket/prefix or a directory")
+    cache_dir: str | None = _f(None, "local compile cache directory")
+    cache_key: str | None = _f(None, "cache key JSON (CacheKey.describe()); default: "
+                                     f"<cache_dir>/{KEY_FILE_NAME}")
     # Sidecar HTTP server
-    listen_host: str = _f("0.0.0.0", "address of /ready, /live, /metrics")
-    listen_port: int = _f(8090, "port of /ready, /live, /metrics (0 = any free port)")
+    listen_host: str = _f("0.0.0.0", "address of /ready, /live, /metrics, /drain")
+    listen_port: int = _f(8090, "port of /ready, /live, /metrics, /drain (0 = any free port)")
     # AWS side effects
-    aws_region: str | None = _f(None, "region for the ELBv2 and Auto Scaling clients")
+    aws_region: str | None = _f(None, "region for the S3, ELBv2 and Auto Scaling clients")
     aws_endpoint_url: str | None = _f(None, "endpoint override (tests: moto server)")
     elb_target_group_arn: str | None = _f(None, "deregister from this target group on notice")
     elb_target_id: str | None = _f(None, "target id; default: this instance's id from IMDS")
@@ -85,7 +98,7 @@ class SidecarConfig:
     webhook_url: str | None = _f(None, "POST the notice here as JSON on notice")
 
     def __post_init__(self) -> None:
-        for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s",
+        for name in ("drain_margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s",
                      "signal_grace_s", "http_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -97,15 +110,25 @@ class SidecarConfig:
             raise ConfigError(f"imds_token_ttl_s must be 1..21600, got {self.imds_token_ttl_s}")
         if self.stop_method is StopMethod.PID and not self.torchserve_pid_file:
             raise ConfigError("stop_method=pid needs torchserve_pid_file")
-        cache = (self.cache_store, self.cache_key, self.cache_dir)
-        if any(cache) and not all(cache):
-            raise ConfigError("cache_store, cache_key and cache_dir go together; got "
-                              f"store={self.cache_store!r} key={self.cache_key!r} "
-                              f"dir={self.cache_dir!r}")
+        if self.quiet_polls < 1:
+            raise ConfigError(f"quiet_polls must be >= 1, got {self.quiet_polls}")
+        if bool(self.cache_store) != bool(self.cache_dir):
+            raise ConfigError("cache_store (--cache-store) and cache_dir (--cache-dir) go "
+                              f"together; got cache_store={self.cache_store!r} "
+                              f"cache_dir={self.cache_dir!r}")
+
+    @property
+    def cache_key_path(self) -> Path | None:
+        """Where the cache key is read: cache_key, else <cache_dir>/cache-key.json."""
+        if self.cache_key:
+            return Path(self.cache_key)
+        return Path(self.cache_dir) / KEY_FILE_NAME if self.cache_dir else None
 
     def drain_policy(self) -> DrainPolicy:
-        return DrainPolicy(margin_s=self.margin_s, publish_reserve_s=self.publish_reserve_s,
-                           stop_reserve_s=self.stop_reserve_s, quiet_s=self.quiet_s)
+        return DrainPolicy(margin_s=self.drain_margin_s,
+                           publish_reserve_s=self.publish_reserve_s,
+                           stop_reserve_s=self.stop_reserve_s, quiet_s=self.quiet_s,
+                           quiet_polls=self.quiet_polls)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(SidecarConfig)}
@@ -156,8 +179,8 @@ def _show(default: object) -> str:
 def _coerce(name: str, kind: Any, value: object) -> object:
     """YAML values and CLI strings -> the field's type, or a ConfigError naming the key."""
     args = typing.get_args(kind)
-    if isinstance(kind, types.UnionType):  # X | None
-        return None if value is None else _coerce(name, args[0], value)
+    if isinstance(kind, types.UnionType):  # X | None; an empty flag value unsets it
+        return None if value is None or value == "" else _coerce(name, args[0], value)
     try:
         if typing.get_origin(kind) is tuple:
             items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore

@@ -170,7 +170,7 @@ def _wait_in_flight(report: DrainReport, deps: DrainDeps) -> None:
     if deps.in_flight is None and deps.torchserve is None:
         return  # nothing to observe; waiting blind would only eat the publish budget
     policy = report.plan.policy
-    quiet_since: float | None = None
+    quiet = _Quiet(policy)
     failures = 0
     while True:
         report.plan = report.plan.with_deadline(_tightest(report.plan.deadline_epoch, deps))
@@ -179,17 +179,38 @@ def _wait_in_flight(report: DrainReport, deps: DrainDeps) -> None:
         failures = failures + 1 if error else 0
         if failures >= policy.max_read_errors:
             raise SidecarError(f"in-flight unreadable {failures} times in a row: {error}")
-        quiet_since = (quiet_since if quiet_since is not None else now) if count == 0 else None
-        if quiet_since is not None and now - quiet_since >= policy.quiet_s:
+        if quiet.observe(count, now):
             return
         if now >= report.plan.wait_until:
             if count:
                 raise SidecarError(f"wait budget spent with {count} request(s) still in flight")
             return
-        pause = min(policy.poll_interval_s, report.plan.wait_until - now)
-        if quiet_since is not None:  # wake when the quiet period would be complete
-            pause = min(pause, policy.quiet_s - (now - quiet_since))
-        deps.sleep(pause)
+        deps.sleep(min(policy.poll_interval_s, report.plan.wait_until - now,
+                       quiet.time_to_go(now)))
+
+
+class _Quiet:
+    """Zero in flight for `quiet_s` and on `quiet_polls` reads in a row; a failed read
+    (None) or any request breaks the streak."""
+
+    def __init__(self, policy: DrainPolicy) -> None:
+        self._policy = policy
+        self._since: float | None = None
+        self._reads = 0
+
+    def observe(self, count: int | None, now: float) -> bool:
+        if count != 0:
+            self._since, self._reads = None, 0
+            return False
+        self._since = self._since if self._since is not None else now
+        self._reads += 1
+        return self._reads >= self._policy.quiet_polls and now - self._since >= self._policy.quiet_s
+
+    def time_to_go(self, now: float) -> float:
+        """How long to sleep at most: until the quiet period would be complete."""
+        if self._since is None or self._reads < self._policy.quiet_polls:
+            return self._policy.poll_interval_s
+        return max(self._policy.quiet_s - (now - self._since), 0.0)
 
 
 def _publish(report: DrainReport, deps: DrainDeps) -> None:

@@ -28,6 +28,9 @@ class DrainPolicy:
     # In-flight must read zero this long: requests keep arriving until load balancers and
     # EndpointSlices have seen the 503 from /ready.
     quiet_s: float = 1.0
+    # ...and on this many reads in a row: the handler's running gauge reaches TorchServe's
+    # metrics endpoint through the worker's log, a moment after the fact.
+    quiet_polls: int = 2
     min_stop_s: float = 2.0  # stop gets at least this much even when the deadline has passed
     max_read_errors: int = 5  # consecutive failed in-flight reads before giving up the wait
 
@@ -37,6 +40,8 @@ class DrainPolicy:
                 raise ValueError(f"DrainPolicy.{name} must be >= 0, got {getattr(self, name)}")
         if self.poll_interval_s <= 0:
             raise ValueError(f"DrainPolicy.poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if self.quiet_polls < 1:
+            raise ValueError(f"DrainPolicy.quiet_polls must be >= 1, got {self.quiet_polls}")
 
 
 DEFAULT_POLICY = DrainPolicy()

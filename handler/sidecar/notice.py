@@ -21,12 +21,13 @@ class NoticeKind(enum.StrEnum):
     REBALANCE = "rebalance"  # AWS rebalance recommendation: advisory, no deadline promised
     PREEMPTION = "preemption"  # GCP preempted=TRUE or Azure Preempt event
     SIGNAL = "signal"  # SIGTERM/SIGINT, e.g. from the kubelet
+    DRAIN_REQUEST = "drain_request"  # POST /drain, e.g. `ts-llm-sidecar drain` as a preStop hook
 
 
 @dataclass(frozen=True)
 class TerminationNotice:
     kind: NoticeKind
-    source: str  # "aws" | "gcp" | "azure" | "signal"
+    source: str  # "aws" | "gcp" | "azure" | "signal" | "http"
     deadline_epoch: float  # when the machine (or process) is expected to be gone
     detail: dict[str, str] = field(default_factory=dict)
 

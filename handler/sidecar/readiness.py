@@ -1,4 +1,4 @@
-"""The sidecar's own HTTP endpoints: /ready, /live and /metrics.
+"""The sidecar's own HTTP endpoints: /ready, /live, /metrics and /drain (drain_control.py).
 
 /ready is 200 only while TorchServe has a READY worker for the model and no termination is
 pending. TorchServe's /ping is no substitute: a worker still loading or compiling counts as
@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from handler.sidecar.drain import ModelDescriber
+from handler.sidecar.drain_control import DrainControl
 from handler.sidecar.errors import TorchServeError
 from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import NoticeBoard
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 # serve_forever checks for shutdown this often; the 0.5 s default makes every stop slow.
 SHUTDOWN_POLL_S = 0.05
+# Only these may POST /drain: the port is reachable from the whole cluster network, and a
+# drain ends with TorchServe stopped. A preStop hook runs in the pod's network namespace.
+LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
 
 class Readiness:
@@ -56,9 +60,10 @@ class Readiness:
 
 class SidecarHttpServer:
     def __init__(self, host: str, port: int, readiness: Readiness,
-                 is_alive: Callable[[], bool], registry: CollectorRegistry) -> None:
+                 is_alive: Callable[[], bool], registry: CollectorRegistry,
+                 drain: DrainControl | None = None) -> None:
         self._server = ThreadingHTTPServer((host, port), _handler_class(readiness, is_alive,
-                                                                        registry))
+                                                                        registry, drain))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": SHUTDOWN_POLL_S},
@@ -79,7 +84,8 @@ class SidecarHttpServer:
 
 
 def _handler_class(readiness: Readiness, is_alive: Callable[[], bool],
-                   registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+                   registry: CollectorRegistry,
+                   drain: DrainControl | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         disable_nagle_algorithm = True  # headers and body are two writes; see emulator.py
 
@@ -93,8 +99,24 @@ def _handler_class(readiness: Readiness, is_alive: Callable[[], bool],
                 self._json(200 if alive else 503, {"alive": alive})
             elif path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+            elif path == "/drain" and drain is not None:
+                self._json(200, drain.status())
             else:
                 self._json(404, {"error": f"no route {path}"})
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0]
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if path != "/drain" or drain is None:
+                self._json(404, {"error": f"no route POST {path}"})
+            elif self.client_address[0] not in LOOPBACK:
+                self._json(403, {"error": "POST /drain is accepted from loopback only "
+                                          "(run `ts-llm-sidecar drain` inside the pod)"})
+            else:
+                started, status = drain.request(requester=self.headers.get("User-Agent", ""))
+                log.warning("drain requested over HTTP (%s)",
+                            "starting" if started else f"already {status['state']}")
+                self._json(202 if started else 200, status)
 
         def _json(self, status: int, body: dict[str, object]) -> None:
             self._send(status, "application/json", json.dumps(body).encode())

@@ -5,12 +5,13 @@
 "jobQueueStatus": {"remainingCapacity", "pendingRequests"}, ...}`. Worker status is READY
 only when the worker's model is loaded, so it is the readiness signal; `/ping` is not.
 `pendingRequests` counts queued jobs only, not the batch a worker is running, which is why
-the drain also takes an in-flight counter from the handler.
+the drain also reads the handler's running gauge from TorchServe's metrics endpoint.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from handler.sidecar.errors import TorchServeAuthError, TorchServeError
 from handler.sidecar.notice import Clock, parse_rfc3339
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,36 +161,58 @@ def _parse_describe(name: str, doc: object) -> ModelState:
     return ModelState(name, tuple(workers), pending)
 
 
-def in_flight_reader(url: str, metric_name: str, *, session: requests.Session | None = None,
-                     timeout_s: float = 1.0) -> Callable[[], int]:
-    """A callable for DrainDeps.in_flight that reads the handler's in-flight count from `url`:
-    a JSON body (`{"in_flight": n}` or a bare number) or Prometheus text, where every sample
-    of `metric_name` is summed (one series per worker)."""
+def running_reader(url: str, metric_name: str, model_name: str | None = None, *,
+                   session: requests.Session | None = None,
+                   timeout_s: float = 1.0) -> Callable[[], int]:
+    """A callable for DrainDeps.in_flight: the requests generating inside the handler, read
+    from `url` as a JSON body (`{"in_flight": n}` or a bare number) or as Prometheus text,
+    where the samples of `metric_name` for `model_name` are summed (one series per worker).
+
+    TorchServe shows a backend gauge only once a worker has reported it, so a metric that is
+    absent counts as 0 (no request has been stepped since TorchServe started); a warning says
+    so once, in case the name is wrong.
+    """
     http = session or requests.Session()
+    warned: list[bool] = []
 
     def read() -> int:
         try:
             response = http.get(url, timeout=timeout_s)
         except requests.RequestException as err:
-            raise TorchServeError(f"in-flight GET {url}: {type(err).__name__}") from err
+            raise TorchServeError(f"running GET {url}: {type(err).__name__}") from err
         if response.status_code != 200:
-            raise TorchServeError(f"in-flight GET {url}: HTTP {response.status_code}")
+            raise TorchServeError(f"running GET {url}: HTTP {response.status_code}")
         if "json" in response.headers.get("Content-Type", ""):
             doc = response.json()
             return int(doc["in_flight"] if isinstance(doc, dict) else doc)
-        return _sum_samples(response.text, metric_name)
+        total = sum_samples(response.text, metric_name, model_name)
+        if total is None:
+            if not warned:
+                warned.append(True)
+                log.warning("%s is not on %s yet; counting 0 running (normal before the first "
+                            "request; otherwise check metrics.yaml declares it)", metric_name, url)
+            return 0
+        return total
 
     return read
 
 
-def _sum_samples(text: str, metric_name: str) -> int:
-    total = 0.0
-    found = False
+MODEL_LABELS = ("ModelName", "model_name")
+
+
+def sum_samples(text: str, metric_name: str, model_name: str | None = None) -> int | None:
+    """Sum of `metric_name` over the series of `model_name` (all series when None or when a
+    series has no model label); None when there is no such series."""
+    total, found = 0.0, False
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == metric_name:
-                total += sample.value
-                found = True
-    if not found:
-        raise TorchServeError(f"metric {metric_name} not in the scraped text")
-    return int(total)
+            if sample.name != metric_name or not _for_model(sample.labels, model_name):
+                continue
+            total += sample.value
+            found = True
+    return int(total) if found else None
+
+
+def _for_model(labels: dict[str, str], model_name: str | None) -> bool:
+    named = [labels[key] for key in MODEL_LABELS if key in labels]
+    return model_name is None or not named or model_name in named

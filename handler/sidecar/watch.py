@@ -1,12 +1,17 @@
-"""The `watch` loop: watchers in threads, /ready /live /metrics, and one drain on notice.
+"""The `watch` loop: watchers in threads, /ready /live /metrics /drain, one drain on notice.
 
     with Sidecar(config, Hooks(in_flight=..., publish_cache=...)) as sidecar:
         report = sidecar.run()          # blocks until a notice was drained (or `until` is set)
+
+When nobody here stops TorchServe (stop_method none, no stop hook: a sidecar container next to
+TorchServe's), `run` keeps serving after the drain (/ready 503, /drain done) until SIGTERM, so
+the preStop `drain --wait` sees the result and a native sidecar is not restarted mid-shutdown.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -18,18 +23,20 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry
 
-from handler.sidecar import aws_capacity, cache_hooks, process
+from handler.sidecar import admission, aws_capacity, cache_hooks, process
 from handler.sidecar.azure import AzureWatcher
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
 from handler.sidecar.drain import CachePublisher, DrainDeps, DrainReport, run_drain
+from handler.sidecar.drain_control import DrainControl
 from handler.sidecar.errors import CapacityError, ConfigError, MetadataError, SidecarError
 from handler.sidecar.gcp import GcpWatcher
 from handler.sidecar.imds import ImdsWatcher
+from handler.sidecar.load_metrics import LoadCollector
 from handler.sidecar.metrics import SidecarMetrics
-from handler.sidecar.notice import Clock, NoticeBoard, TerminationNotice, should_drain
+from handler.sidecar.notice import Clock, NoticeBoard, NoticeKind, TerminationNotice, should_drain
 from handler.sidecar.readiness import Readiness, SidecarHttpServer
 from handler.sidecar.signals import SignalWatcher
-from handler.sidecar.torchserve_client import TorchServeClient, in_flight_reader
+from handler.sidecar.torchserve_client import TorchServeClient, running_reader
 from handler.sidecar.watcher import Watcher, run_watcher
 
 log = logging.getLogger(__name__)
@@ -39,9 +46,9 @@ log = logging.getLogger(__name__)
 class Hooks:
     """What the serving side plugs in; every field is optional."""
 
-    in_flight: Callable[[], int] | None = None  # else config.in_flight_url, else queue only
+    in_flight: Callable[[], int] | None = None  # else config.metrics_url, else queue only
     publish_cache: CachePublisher | None = None  # publish_cache(publish_by_epoch) -> uploaded?
-    close_admission: Callable[[], None] | None = None  # handler refuses new work with 503
+    close_admission: Callable[[], None] | None = None  # else config.drain_flag_file
     stop_torchserve: Callable[[float], None] | None = None  # overrides config.stop_method
 
 
@@ -60,14 +67,19 @@ class Sidecar:
         self.signals = SignalWatcher(clock=clock, grace_s=config.signal_grace_s)
         self.watchers = build_watchers(config, clock)
         self._stop = threading.Event()
+        self._signalled = threading.Event()
         self._threads: list[threading.Thread] = []
         self._running = False
         self._deregister: Callable[[], None] | None = None
         self._autoscaling: Any = None
         self._publisher = hooks.publish_cache or _config_publisher(config)
+        self._in_flight = hooks.in_flight or _config_running(config)
+        self._close_admission = hooks.close_admission or _config_closer(config, clock)
+        self.control = DrainControl(self.board, clock, config.signal_grace_s)
+        self.registry.register(LoadCollector(config.model_name, self.torchserve, self._in_flight))
         self.http = SidecarHttpServer(config.listen_host, config.listen_port,
                                       Readiness(self.board, self.torchserve, self.metrics),
-                                      lambda: self._running, self.registry)
+                                      lambda: self._running, self.registry, self.control)
 
     def __enter__(self) -> Sidecar:
         return self.start()
@@ -79,6 +91,9 @@ class Sidecar:
         # Resolved now, not at notice time: boto3 clients take a moment to build and the
         # instance id needs IMDS, neither of which should eat into a 30 s deadline.
         self._deregister = self._make_deregister()
+        if self.config.drain_flag_file and admission.clear_flag(Path(self.config.drain_flag_file)):
+            log.warning("removed the drain flag %s left by an earlier drain: admission is open",
+                        self.config.drain_flag_file)
         if self.config.asg_name:
             self._autoscaling = _aws_client(self.config, "autoscaling")
         self._running = True
@@ -100,8 +115,28 @@ class Sidecar:
         while not until.is_set():
             notice = self.board.wait(timeout_s=0.2)
             if notice is not None:
-                return run_drain(notice, self.drain_deps(notice), self.config.drain_policy())
+                report = self._drain(notice)
+                if self._lingers(notice):
+                    self._linger(until)
+                return report
         return None
+
+    def _drain(self, notice: TerminationNotice) -> DrainReport:
+        report = run_drain(notice, self.drain_deps(notice), self.config.drain_policy())
+        self.control.finished(report)
+        if self.config.report_file:
+            _write_report(Path(self.config.report_file), report)
+        return report
+
+    def _lingers(self, notice: TerminationNotice) -> bool:
+        someone_else_stops = (self.hooks.stop_torchserve is None
+                              and self.config.stop_method is StopMethod.NONE)
+        return someone_else_stops and notice.kind is not NoticeKind.SIGNAL
+
+    def _linger(self, until: threading.Event) -> None:
+        log.info("drain done; serving /ready (503) and /drain until SIGTERM")
+        while not (until.is_set() or self._signalled.is_set() or self._stop.is_set()):
+            self._signalled.wait(0.2)
 
     def close(self) -> None:
         self._running = False
@@ -113,16 +148,13 @@ class Sidecar:
 
     def drain_deps(self, notice: TerminationNotice) -> DrainDeps:
         config, hooks = self.config, self.hooks
-        in_flight = hooks.in_flight
-        if in_flight is None and config.in_flight_url:
-            in_flight = in_flight_reader(config.in_flight_url, config.in_flight_metric)
         # mark_not_ready stays the default no-op: /ready reads the board, which turned
         # not-ready the moment this notice was posted.
         return DrainDeps(
             clock=self._clock, sleep=self._sleep,
             stop_torchserve=hooks.stop_torchserve or _stopper(config),
-            torchserve=self.torchserve, in_flight=in_flight,
-            close_admission=hooks.close_admission, deregister=self._deregister,
+            torchserve=self.torchserve, in_flight=self._in_flight,
+            close_admission=self._close_admission, deregister=self._deregister,
             request_capacity=self._capacity(notice), publish_cache=self._publisher,
             acknowledge=self._acknowledger(notice), current_deadline=self.board.deadline,
             metrics=self.metrics)
@@ -136,6 +168,8 @@ class Sidecar:
 
     def _on_posted(self, notice: TerminationNotice) -> None:
         log.warning("termination notice: %s", notice.to_json())
+        if notice.kind is NoticeKind.SIGNAL:
+            self._signalled.set()
         self.metrics.notices.labels(kind=notice.kind.value).inc()
         if should_drain(notice, self.config.drain_on_rebalance):
             self.metrics.termination_pending.set(1)
@@ -196,10 +230,32 @@ def build_watchers(config: SidecarConfig, clock: Clock) -> list[Watcher]:
 
 
 def _config_publisher(config: SidecarConfig) -> CachePublisher | None:
-    if not (config.cache_store and config.cache_key and config.cache_dir):
+    key_path = config.cache_key_path
+    if not (config.cache_store and config.cache_dir and key_path):
         return None
-    return cache_hooks.publisher(config.cache_store, Path(config.cache_key), Path(config.cache_dir),
+    return cache_hooks.publisher(config.cache_store, key_path, Path(config.cache_dir),
                                  config.aws_endpoint_url, config.aws_region)
+
+
+def _config_running(config: SidecarConfig) -> Callable[[], int] | None:
+    if not config.metrics_url:
+        return None
+    return running_reader(config.metrics_url, config.running_metric, config.model_name,
+                          timeout_s=config.http_timeout_s)
+
+
+def _config_closer(config: SidecarConfig, clock: Clock) -> Callable[[], None] | None:
+    if not config.drain_flag_file:
+        return None
+    return admission.flag_closer(Path(config.drain_flag_file), clock)
+
+
+def _write_report(path: Path, report: DrainReport) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.to_json(), default=str, indent=1) + "\n")
+    except OSError as err:
+        log.error("cannot write the drain report to %s: %s", path, err)
 
 
 def _call_all(calls: list[Callable[[], object]]) -> None:

@@ -79,12 +79,14 @@ def describe_entry(model: str, statuses: list[str], pending: int) -> dict[str, o
 
 
 class FakeManagement:
-    """Answers describe and /token like TorchServe 0.12, including 400 InvalidKeyException."""
+    """Answers describe and /token like TorchServe 0.12, including 400 InvalidKeyException;
+    also plays TorchServe's metrics endpoint (GET /metrics, the handler's running gauge)."""
 
     def __init__(self, model: str = "llm") -> None:
         self.model = model
         self.statuses = ["READY"]
         self.pending = 0
+        self.running: list[int] | None = [0]  # one series per worker; None: not reported yet
         self.management_key: str | None = None  # None: token auth off
         self.api_key = "apikey01"
         self.on_token_refresh = lambda: None  # rewrites key_file.json in the tests that need it
@@ -98,6 +100,20 @@ class FakeManagement:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.url + "/metrics"
+
+    def metrics_text(self) -> str:
+        """TorchServe 0.12's rendering of a backend gauge, one series per worker host."""
+        with self._lock:
+            running = list(self.running or [])
+        lines = ["# HELP ts_llm_requests_running Torchserve prometheus gauge metric with unit: Count",
+                 "# TYPE ts_llm_requests_running gauge"] if running else []
+        lines += [f'ts_llm_requests_running{{ModelName="{self.model}",Level="Model",'
+                  f'Hostname="host{i}",}} {value}.0' for i, value in enumerate(running)]
+        return "\n".join(lines) + "\n"
 
     def close(self) -> None:
         self._server.shutdown()
@@ -127,11 +143,16 @@ class FakeManagement:
 
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
+                if parts.path == "/metrics":
+                    self._send(200, "text/plain; version=0.0.4", fake.metrics_text().encode())
+                    return
                 status, body = fake.answer(parts.path, parse_qs(parts.query),
                                            self.headers.get("Authorization"))
-                payload = json.dumps(body).encode()
+                self._send(status, "application/json", json.dumps(body).encode())
+
+            def _send(self, status: int, content_type: str, payload: bytes) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

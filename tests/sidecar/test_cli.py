@@ -1,28 +1,113 @@
-"""`ts-llm-sidecar` subcommands."""
+"""`ts-llm-sidecar` subcommands: watch, drain (the preStop hook), restore, publish."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import requests
 
+from handler.launcher import free_port
 from handler.sidecar.cli import main
+from handler.sidecar.config import config_from_mapping
 from handler.sidecar.emulator import MetadataEmulator
+from handler.sidecar.watch import Sidecar
 
 from .conftest import FakeManagement
 
 
-def test_watch_drains_on_notice_and_exits_0(emulator: MetadataEmulator,
-                                            management: FakeManagement) -> None:
+def watch_flags(emulator: MetadataEmulator, management: FakeManagement, port: int) -> list[str]:
+    return ["--aws-metadata-url", emulator.url, "--management-url", management.url,
+            "--metrics-url", management.metrics_url, "--listen-host", "127.0.0.1",
+            "--listen-port", str(port), "--poll-interval-s", "0.05", "--drain-margin-s", "1",
+            "--publish-reserve-s", "0", "--stop-reserve-s", "1", "--quiet-s", "0.1"]
+
+
+def wait_for_done_then_sigterm(port: int, seen: list[dict[str, object]]) -> None:
+    """What the kubelet does to a native sidecar once the main container has exited."""
+    pause = threading.Event()
+    while not pause.wait(0.05):
+        try:
+            status = requests.get(f"http://127.0.0.1:{port}/drain", timeout=2).json()
+        except requests.ConnectionError:
+            continue  # not listening yet
+        if status["state"] == "done":
+            seen.append(status)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def test_watch_drains_then_serves_until_sigterm_when_it_does_not_stop_torchserve(
+        emulator: MetadataEmulator, management: FakeManagement) -> None:
+    port = free_port()
     emulator.raise_spot_interruption(in_seconds=30)
-    code = main(["watch", "--aws-metadata-url", emulator.url, "--management-url",
-                 management.url, "--listen-host", "127.0.0.1", "--listen-port", "0",
-                 "--poll-interval-s", "0.05", "--stop-method", "none", "--margin-s", "1",
-                 "--publish-reserve-s", "0", "--stop-reserve-s", "1", "--quiet-s", "0.1"])
+    seen: list[dict[str, object]] = []
+    killer = threading.Thread(target=wait_for_done_then_sigterm, args=(port, seen), daemon=True)
+    killer.start()
+    code = main(["watch", *watch_flags(emulator, management, port), "--stop-method", "none"])
+    killer.join(timeout=5)
     assert code == 0
+    report = seen[0]["report"]
+    assert isinstance(report, dict) and report["exit_code"] == 0
+    assert report["notice"]["kind"] == "spot_interruption"
+
+
+def test_drain_subcommand_starts_the_drain_and_waits_for_it(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    flag = tmp_path / "run" / "draining"
+    config = config_from_mapping({
+        "aws_metadata_url": emulator.url, "management_url": management.url,
+        "metrics_url": management.metrics_url, "listen_host": "127.0.0.1", "listen_port": port,
+        "poll_interval_s": 0.05, "drain_margin_s": 1, "publish_reserve_s": 0,
+        "stop_reserve_s": 1, "quiet_s": 0.1, "stop_method": "none", "signal_grace_s": 20,
+        "drain_flag_file": str(flag)})
+    codes: list[int] = []
+    prestop_done = threading.Event()
+
+    def prestop() -> None:
+        codes.append(main(["drain", "--wait", "--listen-port", str(port)]))
+        prestop_done.set()
+
+    with Sidecar(config) as sidecar:
+        hook = threading.Thread(target=prestop, daemon=True)
+        hook.start()
+        report = sidecar.run(until=prestop_done)
+    hook.join(timeout=5)
+    assert codes == [0]
+    assert report is not None and report.notice.kind.value == "drain_request"
+    assert 15 < report.plan.budget_s <= 20  # signal_grace_s is the preStop deadline
+    assert flag.exists(), "close_admission creates the handler's drain flag"
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["state"] == "done" and printed["report"]["exit_code"] == 0
+
+
+def test_second_drain_request_joins_the_first(emulator: MetadataEmulator,
+                                              management: FakeManagement) -> None:
+    config = config_from_mapping({
+        "aws_metadata_url": emulator.url, "management_url": management.url,
+        "metrics_url": management.metrics_url, "listen_host": "127.0.0.1", "listen_port": 0,
+        "stop_method": "none"})
+    with Sidecar(config) as sidecar:
+        url = f"http://127.0.0.1:{sidecar.http.port}/drain"
+        assert requests.get(url, timeout=2).json()["state"] == "idle"
+        first = requests.post(url, timeout=2)
+        second = requests.post(url, timeout=2)
+    assert (first.status_code, first.json()["state"]) == (202, "draining")
+    assert (second.status_code, second.json()["state"]) == (200, "draining")
+
+
+def test_drain_without_a_sidecar_says_what_to_check(caplog) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert main(["drain", "--wait", "--listen-port", str(free_port())]) == 1
+    assert "is `ts-llm-sidecar watch` running" in caplog.text
 
 
 def test_unknown_config_key_exits_2_naming_it(tmp_path: Path, caplog) -> None:
@@ -39,37 +124,50 @@ def test_unknown_flag_is_an_argparse_error() -> None:
     assert raised.value.code == 2
 
 
-def cache_fixture(tmp_path: Path) -> tuple[Path, Path]:
-    """A key file as CacheKey.describe() writes it, and a directory of compiled artifacts."""
+def compiled_cache(cache_dir: Path) -> None:
+    """A compile cache as the key-file contract has it: artifacts plus cache-key.json."""
     cache = pytest.importorskip("handler.cache")
     key = cache.CacheKey(torch_version="2.13.0", triton_version="none", device_type="cpu",
                          device_capability="x86_64", weights_digest="w" * 16,
                          config_digest="c" * 16, package_version="0.1.0")
-    key_file = tmp_path / "cache_key.json"
-    key_file.write_text(json.dumps(key.describe()))
-    src = tmp_path / "compiled"
-    (src / "sub").mkdir(parents=True)
-    (src / "a.bin").write_bytes(b"kernel" * 100)
-    (src / "sub" / "b.json").write_text('{"graph": 1}')
-    return key_file, src
+    (cache_dir / "sub").mkdir(parents=True)
+    (cache_dir / "cache-key.json").write_text(json.dumps(key.describe()))
+    (cache_dir / "a.bin").write_bytes(b"kernel" * 100)
+    (cache_dir / "sub" / "b.json").write_text('{"graph": 1}')
 
 
 def test_publish_then_restore_round_trip_through_handler_cache(tmp_path: Path) -> None:
-    key_file, src = cache_fixture(tmp_path)
-    store, dest = str(tmp_path / "store"), tmp_path / "restored"
-    assert main(["publish", "--store", store, "--key", str(key_file), "--src-dir",
-                 str(src)]) == 0
-    assert main(["restore", "--store", store, "--key", str(key_file), "--dest-dir",
-                 str(dest)]) == 0
+    src, dest, store = tmp_path / "compiled", tmp_path / "restored", str(tmp_path / "store")
+    compiled_cache(src)
+    assert main(["publish", "--cache-store", store, "--cache-dir", str(src)]) == 0
+    assert main(["restore", "--model-name", "llm", "--cache-store", store, "--cache-dir",
+                 str(dest), "--cache-key", str(src / "cache-key.json")]) == 0
     assert (dest / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert (dest / "sub" / "b.json").read_text() == '{"graph": 1}'
+    # The key travels with the artifacts, so the restored replica's drain finds it.
+    assert (dest / "cache-key.json").exists()
+
+
+def test_no_key_file_is_a_cold_start_not_an_error(tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert main(["restore", "--cache-store", str(tmp_path / "s"), "--cache-dir",
+                     str(tmp_path / "empty")]) == 0
+        assert main(["publish", "--cache-store", str(tmp_path / "s"), "--cache-dir",
+                     str(tmp_path / "empty")]) == 0
+    assert "no cache key at" in caplog.text
+
+
+def test_restore_without_a_store_exits_2_naming_the_flags(tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert main(["restore", "--cache-dir", str(tmp_path)]) == 2
+    assert "--cache-store" in caplog.text
 
 
 def test_bad_key_file_exits_2(tmp_path: Path, caplog) -> None:
-    (tmp_path / "key.json").write_text('{"torch": "2"}')
+    (tmp_path / "cache-key.json").write_text('{"torch": "2"}')
     with caplog.at_level(logging.ERROR):
-        assert main(["restore", "--store", str(tmp_path / "s"), "--key",
-                     str(tmp_path / "key.json"), "--dest-dir", str(tmp_path / "d")]) == 2
+        assert main(["restore", "--cache-store", str(tmp_path / "s"), "--cache-dir",
+                     str(tmp_path)]) == 2
     assert "is not a cache key file" in caplog.text
 
 
@@ -77,6 +175,5 @@ def test_missing_cache_package_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path
                                        caplog) -> None:
     monkeypatch.setitem(sys.modules, "handler.cache", None)
     with caplog.at_level(logging.ERROR):
-        assert main(["restore", "--store", "s3://b/p", "--key", "k", "--dest-dir",
-                     str(tmp_path)]) == 2
+        assert main(["restore", "--cache-store", "s3://b/p", "--cache-dir", str(tmp_path)]) == 2
     assert "handler.cache.sync is not available" in caplog.text

@@ -20,30 +20,30 @@ def parse_flags(argv: list[str]) -> SidecarConfig:
 
 def test_unknown_key_rejected_naming_it_and_listing_allowed(tmp_path: Path) -> None:
     path = tmp_path / "sidecar.yaml"
-    path.write_text("model_name: llm\nmargin_secs: 3\n")
+    path.write_text("model_name: llm\ndrain_margin_secs: 3\n")
     with pytest.raises(ConfigError) as raised:
         load_config(path)
     message = str(raised.value)
-    assert "unknown key 'margin_secs'" in message and "sidecar.yaml" in message
-    assert "allowed keys:" in message and "margin_s" in message
+    assert "unknown key 'drain_margin_secs'" in message and "sidecar.yaml" in message
+    assert "allowed keys:" in message and "drain_margin_s" in message
 
 
 def test_yaml_values_are_typed(tmp_path: Path) -> None:
     path = tmp_path / "sidecar.yaml"
-    path.write_text("clouds: [aws, azure]\nmargin_s: 3\nstop_method: none\n"
+    path.write_text("clouds: [aws, azure]\ndrain_margin_s: 3\nstop_method: none\n"
                     "elb_target_port: 8080\ndrain_on_rebalance: true\n")
     config = load_config(path)
     assert config.clouds == (Cloud.AWS, Cloud.AZURE)
-    assert config.margin_s == 3.0 and isinstance(config.margin_s, float)
+    assert config.drain_margin_s == 3.0 and isinstance(config.drain_margin_s, float)
     assert config.stop_method is StopMethod.NONE and config.elb_target_port == 8080
     assert config.drain_on_rebalance is True
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "sidecar.yaml"
-    path.write_text("margin_s: 3\nmodel_name: a\n")
-    config = parse_flags(["--config", str(path), "--margin-s", "7.5", "--clouds", "gcp,aws"])
-    assert (config.margin_s, config.model_name) == (7.5, "a")
+    path.write_text("drain_margin_s: 3\nmodel_name: a\n")
+    config = parse_flags(["--config", str(path), "--drain-margin-s", "7.5", "--clouds", "gcp,aws"])
+    assert (config.drain_margin_s, config.model_name) == (7.5, "a")
     assert config.clouds == (Cloud.GCP, Cloud.AWS)
 
 
@@ -70,13 +70,14 @@ def test_pid_stop_needs_a_pid_file() -> None:
 def test_defaults_are_valid_and_frozen() -> None:
     config = SidecarConfig()
     with pytest.raises(AttributeError):
-        config.margin_s = 1.0  # type: ignore[misc]
+        config.drain_margin_s = 1.0  # type: ignore[misc]
     assert config.drain_policy().margin_s == 5.0
+    assert config.drain_policy().quiet_polls == 2
 
 
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "sidecar.yaml"
-    path.write_text("- margin_s\n")
+    path.write_text("- drain_margin_s\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(path)
 
@@ -84,3 +85,22 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
 def test_cache_settings_go_together() -> None:
     with pytest.raises(ConfigError, match="go together"):
         config_from_mapping({"cache_store": "s3://b/p"})
+
+
+def test_cache_key_defaults_to_the_key_file_in_the_cache_dir() -> None:
+    config = config_from_mapping({"cache_store": "s3://b/p", "cache_dir": "/var/cache/ts-llm"})
+    assert config.cache_key_path == Path("/var/cache/ts-llm/cache-key.json")
+    explicit = config_from_mapping({"cache_store": "s3://b/p", "cache_dir": "/c",
+                                    "cache_key": "/image/llm.cache-key.json"})
+    assert explicit.cache_key_path == Path("/image/llm.cache-key.json")
+
+
+def test_empty_flag_value_unsets_an_optional_key() -> None:
+    # --metrics-url= turns the running-gauge read off (queue only).
+    assert parse_flags(["--metrics-url="]).metrics_url is None
+    assert SidecarConfig().metrics_url == "http://127.0.0.1:8082/metrics"
+
+
+def test_quiet_polls_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="quiet_polls"):
+        config_from_mapping({"quiet_polls": 0})

@@ -251,3 +251,35 @@ def test_report_is_one_json_line_and_metrics_are_set(clock, caplog) -> None:
     assert metrics.drain_seconds._sum.get() == pytest.approx(1.0)
     assert metrics.in_flight_at_notice._value.get() == 2
     assert metrics.in_flight_at_stop._value.get() == 0
+
+
+def test_zero_must_be_read_on_quiet_polls_reads_in_a_row(clock) -> None:
+    # The handler's running gauge reaches TorchServe's metrics through the worker log; one
+    # zero may be stale. With quiet_s 0 only the count of reads decides.
+    calls = Calls(clock)
+    start = clock()
+    policy = DrainPolicy(margin_s=5, publish_reserve_s=0, stop_reserve_s=10,
+                         poll_interval_s=0.5, quiet_s=0.0, quiet_polls=3)
+    # notice read, then 0 (1st), 2 (breaks the streak), 0, 0, 0 (3rd in a row at +2.0 s)
+    run_drain(notice(start + 120), deps(clock, calls, in_flight=Sequence(5, 0, 2, 0, 0, 0)),
+              policy)
+    assert calls.at("stop") - start == pytest.approx(2.0)
+
+
+def test_an_unreadable_poll_breaks_the_quiet_streak(clock) -> None:
+    calls = Calls(clock)
+    start = clock()
+    values = iter([0, 0, None, 0, 0])
+
+    def flaky() -> int:
+        value = next(values, 0)
+        if value is None:
+            raise TorchServeError("metrics endpoint hiccup")
+        return value
+
+    policy = DrainPolicy(margin_s=5, publish_reserve_s=0, stop_reserve_s=10,
+                         poll_interval_s=0.5, quiet_s=0.0, quiet_polls=2)
+    report = run_drain(notice(start + 120), deps(clock, calls, in_flight=flaky), policy)
+    # notice read 0; wait reads 0, error, 0, 0 -> done at the 2nd zero after the error (+1.5 s)
+    assert calls.at("stop") - start == pytest.approx(1.5)
+    assert report.errors == []

@@ -36,8 +36,9 @@ CHILD = textwrap.dedent("""
 def start(emulator: MetadataEmulator, management: FakeManagement,
           child: str = CHILD) -> subprocess.Popen[str]:
     flags = ["--clouds", "aws", "--aws-metadata-url", emulator.url,
-             "--management-url", management.url, "--listen-host", "127.0.0.1",
-             "--listen-port", "0", "--poll-interval-s", "0.05", "--margin-s", "1",
+             "--management-url", management.url, "--metrics-url", management.metrics_url,
+             "--listen-host", "127.0.0.1",
+             "--listen-port", "0", "--poll-interval-s", "0.05", "--drain-margin-s", "1",
              "--publish-reserve-s", "0", "--stop-reserve-s", "2", "--quiet-s", "0.1"]
     return subprocess.Popen(
         [sys.executable, "-m", "handler.sidecar.entrypoint", *flags, "--",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from handler.sidecar.errors import TorchServeAuthError, TorchServeError
-from handler.sidecar.torchserve_client import KeyFile, TorchServeClient, in_flight_reader
+from handler.sidecar.torchserve_client import KeyFile, TorchServeClient, running_reader
 
 from .conftest import START, FakeManagement, write_key_file
 
@@ -135,24 +135,38 @@ class TextServer:
     ('{"in_flight": 4}', "application/json", 4),
     ("7", "application/json", 7),
 ])
-def test_in_flight_reader_sums_prometheus_series_or_reads_json(body: str, content_type: str,
+def test_running_reader_sums_prometheus_series_or_reads_json(body: str, content_type: str,
                                                                expected: int) -> None:
     server = TextServer(body, content_type)
     try:
-        assert in_flight_reader(server.url, "ts_llm_requests_in_flight")() == expected
+        assert running_reader(server.url, "ts_llm_requests_in_flight")() == expected
     finally:
         server.close()
 
 
-def test_in_flight_reader_missing_metric_is_an_error() -> None:
+def test_running_reader_counts_a_metric_not_reported_yet_as_zero(caplog) -> None:
+    # TorchServe shows a backend gauge only after a worker first reported it.
     server = TextServer("other_metric 1\n", "text/plain")
     try:
-        with pytest.raises(TorchServeError, match="not in the scraped text"):
-            in_flight_reader(server.url, "ts_llm_requests_in_flight")()
+        with caplog.at_level("WARNING"):
+            assert running_reader(server.url, "ts_llm_requests_running")() == 0
+        assert "ts_llm_requests_running is not on" in caplog.text
     finally:
         server.close()
 
 
-def test_in_flight_reader_unreachable_is_a_torchserve_error() -> None:
+def test_running_reader_sums_only_the_configured_model() -> None:
+    body = ('ts_llm_requests_running{ModelName="llm",Level="Model",Hostname="a",} 2.0\n'
+            'ts_llm_requests_running{ModelName="other",Level="Model",Hostname="a",} 5.0\n'
+            'ts_llm_requests_running{ModelName="llm",Level="Model",Hostname="b",} 1.0\n')
+    server = TextServer(body, "text/plain; version=0.0.4")
+    try:
+        assert running_reader(server.url, "ts_llm_requests_running", "llm")() == 3
+        assert running_reader(server.url, "ts_llm_requests_running")() == 8
+    finally:
+        server.close()
+
+
+def test_running_reader_unreachable_is_a_torchserve_error() -> None:
     with pytest.raises(TorchServeError):
-        in_flight_reader("http://127.0.0.1:9/metrics", "x", timeout_s=0.5)()
+        running_reader("http://127.0.0.1:9/metrics", "x", timeout_s=0.5)()

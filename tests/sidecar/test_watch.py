@@ -25,9 +25,9 @@ from .conftest import FakeManagement
 def settings(emulator: MetadataEmulator, management: FakeManagement, **extra: Any):
     return config_from_mapping({
         "clouds": "aws", "aws_metadata_url": emulator.url, "azure_metadata_url": emulator.url,
-        "management_url": management.url, "listen_host": "127.0.0.1", "listen_port": 0,
+        "management_url": management.url, "metrics_url": management.metrics_url, "listen_host": "127.0.0.1", "listen_port": 0,
         "poll_interval_s": 0.05, "http_timeout_s": 1.0, "stop_method": "none",
-        "margin_s": 1, "publish_reserve_s": 2, "stop_reserve_s": 1, "quiet_s": 0.1, **extra})
+        "drain_margin_s": 1, "publish_reserve_s": 2, "stop_reserve_s": 1, "quiet_s": 0.1, **extra})
 
 
 class Probe:
@@ -151,3 +151,36 @@ def test_cache_store_without_the_cache_package_fails_at_start(
                       cache_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"handler\.cache\.sync is not available"):
         Sidecar(config)
+
+
+def test_drain_closes_admission_with_the_flag_file_and_writes_the_report(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
+    flag, report_file = tmp_path / "run" / "draining", tmp_path / "drain-report.json"
+    flag.parent.mkdir()
+    flag.write_text("left by an earlier drain\n")
+    seen_at_notice: list[bool] = []
+    probe = Probe()
+    hooks = Hooks(in_flight=lambda: seen_at_notice.append(flag.exists()) or 0,
+                  stop_torchserve=probe.stopped_with.append)
+    config = settings(emulator, management, drain_flag_file=str(flag),
+                      report_file=str(report_file))
+    with Sidecar(config, hooks) as sidecar:
+        assert not flag.exists(), "a fresh sidecar opens admission"
+        emulator.raise_spot_interruption(in_seconds=30)
+        report = sidecar.run()
+    assert [s.name for s in report.steps][:3] == ["not_ready", "close_admission",
+                                                   "wait_in_flight"]
+    # Read once before closing (in flight at the notice), then only with the flag in place.
+    assert seen_at_notice[0] is False and all(seen_at_notice[1:]) and len(seen_at_notice) > 1
+    assert flag.exists() and report.errors == []
+    written = json.loads(report_file.read_text())
+    assert written["event"] == "drain_report" and written["exit_code"] == 0
+
+
+def test_sidecar_metrics_carry_the_hpa_queue_metric(emulator: MetadataEmulator,
+                                                    management: FakeManagement) -> None:
+    management.pending, management.running = 3, [2]
+    with Sidecar(settings(emulator, management)) as sidecar:
+        text = requests.get(f"http://127.0.0.1:{sidecar.http.port}/metrics", timeout=2).text
+    assert 'ts_llm_requests_waiting{model_name="llm"} 3.0' in text
+    assert 'ts_llm_requests_in_flight{model_name="llm"} 5.0' in text

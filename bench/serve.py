@@ -1,0 +1,158 @@
+"""Serving benchmark: a concurrency sweep against this handler and, in the same run, against stock
+TorchServe serving the same model through a plain transformers handler.
+
+    .venv/bin/python bench/serve.py
+
+Writes docs/results/serve.json (+ raw per-request records), docs/results/serve.png and the
+Serving section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
+from loadgen import raw, run_load, summarize  # noqa: E402
+
+from handler.build.archive import build_mar  # noqa: E402
+from handler.build.model_config import ServingOptions  # noqa: E402
+from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.launcher import Ports, start_torchserve  # noqa: E402
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle stays upright while moving.",
+    "List some tips for keeping houseplants healthy.",
+    "What are the main differences between a lake and a sea?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe idea that uses rice, eggs and spinach.",
+    "Why do cats purr? Answer in a few sentences.",
+    "Summarize the plot of a mystery novel set on a train.",
+]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--requests", type=int, nargs="+", default=[8, 16, 32, 64], help="requests per concurrency level")
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16, help="TorchServe batchSize for both systems")
+    p.add_argument("--baseline-dtype", default="float32", help="float32 is transformers' faster CPU setting here")
+    p.add_argument("--systems", nargs="+", default=["ours", "baseline"])
+    return p.parse_args()
+
+
+def build_ours(checkpoint: Path, store: Path, args) -> None:
+    handler = {"dtype": "bfloat16", "max_seq_len": 512, "served_model_name": "llm"}
+    build_mar(checkpoint, "llm", store, ServingOptions("continuous", args.batch_size, 10, handler=handler))
+
+
+def build_baseline(checkpoint: Path, store: Path, args) -> None:
+    opts = ServingOptions("dynamic", args.batch_size, 50, handler={"dtype": args.baseline_dtype})
+    build_mar(checkpoint, "llm", store, opts, handler_file=REPO / "bench" / "baseline_handler.py")
+
+
+def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
+    store = tmp / system / "model_store"
+    (build_ours if system == "ours" else build_baseline)(checkpoint, store, args)
+    ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", tmp / system / "work", Ports.free())
+    runs = []
+    try:
+        ts.wait_ready("llm", timeout=1800)
+        url = f"{ts.inference_url}/predictions/llm"
+        bodies = lambda n: [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": args.output_tokens,
+                             **({"ignore_eos": True} if system == "ours" else {})} for i in range(n)]
+        run_load(url, ts.headers(), bodies(2), 1, system == "ours")  # warm-up, not recorded
+        for conc, n in zip(args.concurrency, args.requests):
+            records = run_load(url, ts.headers(), bodies(n), conc, stream=system == "ours")
+            summary = {"system": system, "concurrency": conc, **summarize(records)}
+            runs.append(summary)
+            (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
+            (RESULTS / "raw" / f"serve_{system}_c{conc}.json").write_text(json.dumps(raw(records)))
+            print(f"{system} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, p99 TTFT {summary['ttft_p99_s']:.2f} s, "
+                  f"errors {summary['errors']}", flush=True)
+    finally:
+        ts.stop()
+    return runs
+
+
+def main() -> None:
+    args = parse_args()
+    checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [r for system in args.systems for r in sweep(system, checkpoint, args, Path(tmp))]
+    result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "prompt_tokens": None,
+              "versions": versions(), "batch_size": args.batch_size, "baseline_dtype": args.baseline_dtype, "runs": runs}
+    by = {(r["system"], r["concurrency"]): r for r in runs}
+    if ("ours", 16) in by and ("baseline", 16) in by:
+        result["throughput_ratio_vs_baseline_c16"] = by["ours", 16]["output_tokens_per_s"] / by["baseline", 16]["output_tokens_per_s"]
+        result["p99_ttft_ratio_vs_baseline_c16"] = by["ours", 16]["ttft_p99_s"] / by["baseline", 16]["ttft_p99_s"]
+    write_json("serve.json", result)
+    plot(result, RESULTS / "serve.png")
+    write_section("serve", markdown(result, " ".join(sys.argv[1:])))
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for system in ("ours", "baseline"):
+        runs = [x for x in r["runs"] if x["system"] == system]
+        if runs:
+            axes[0].plot([x["concurrency"] for x in runs], [x["output_tokens_per_s"] for x in runs], "o-", label=system)
+            axes[1].plot([x["concurrency"] for x in runs], [x["ttft_p99_s"] for x in runs], "o-", label=system)
+    for ax, label in zip(axes, ("output tokens/s", "p99 time to first token (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend()
+    axes[1].set_yscale("log")
+    fig.suptitle(f"TorchServe serving SmolLM2-135M, {r['output_tokens']} output tokens per request", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value * scale:.{digits}f}"
+
+
+def markdown(r: dict, argv: str) -> str:
+    rows = "\n".join(
+        f"| {x['system']} | {x['concurrency']} | {x['requests']} | {x['errors']} | {x['request_throughput']:.2f} | "
+        f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
+        f"{_fmt(x['itl_p50_s'], 1000, 0)} / {_fmt(x['itl_p99_s'], 1000, 0)} | {_fmt(x['e2e_p50_s'])} / {_fmt(x['e2e_p99_s'])} |"
+        for x in r["runs"])
+    v = r["versions"]
+    ratio = ""
+    if "throughput_ratio_vs_baseline_c16" in r:
+        ratio = (f"At 16 clients: **{r['throughput_ratio_vs_baseline_c16']:.1f}x** the baseline's output tokens/s, p99 TTFT "
+                 f"ratio **{r['p99_ttft_ratio_vs_baseline_c16']:.3f}** (ours / baseline).")
+    return f"""## Serving (TorchServe, concurrency sweep)
+
+Command: `.venv/bin/python bench/serve.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
+transformers {v.get('transformers')}, {v['machine']}. Each request asks for {r['output_tokens']} tokens (ours with
+`ignore_eos`, the baseline with `min_new_tokens`), prompts of 10-15 words; a fixed request count per level.
+*ours*: this handler, continuousBatching, batchSize {r['batch_size']}, compiled, bf16, streaming (TTFT = first
+chunk). *baseline*: stock TorchServe + a plain transformers handler (`bench/baseline_handler.py`): eager `generate`,
+{r['baseline_dtype']} (transformers' faster CPU dtype here), batchSize {r['batch_size']}, maxBatchDelay 50 ms, no
+streaming, so its TTFT is its end-to-end latency and it has no inter-token latency.
+
+| system | clients | requests | errors | req/s | output tok/s | TTFT p50/p99 s | ITL p50/p99 ms | e2e p50/p99 s |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+{ratio}
+
+![serve](results/serve.png)
+"""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Closing admission: the drain flag file that makes the handler refuse new requests.
+
+The handler checks its `drain_flag_file` (model-config `handler:` section, set with
+`archive.sh --drain-flag-file PATH`) on every new request; while the file exists a new request
+gets a retryable 503 before it is accepted, and requests already generating carry on. The
+sidecar's `drain_flag_file` must name the same path, on a filesystem both processes see (in a
+pod: a volume mounted in both containers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from handler.sidecar.errors import ConfigError
+
+
+def flag_closer(path: Path, clock: Callable[[], float] = time.time) -> Callable[[], None]:
+    """The drain's close_admission step: create the flag file (and its directory)."""
+
+    def close_admission() -> None:
+        write_flag(path, clock())
+
+    return close_admission
+
+
+def write_flag(path: Path, now: float) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written aside and renamed: the handler only tests for existence, but a reader that
+        # looks inside (an operator) should never see half a file.
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"draining_since_epoch": now}) + "\n")
+        os.replace(partial, path)
+    except OSError as err:
+        raise ConfigError(f"cannot create the drain flag file {path}: {err}; it must be writable "
+                          "by the sidecar and on a volume the TorchServe worker sees") from err
+
+
+def clear_flag(path: Path) -> bool:
+    """Remove a flag left by an earlier drain: a fresh sidecar must not start with a replica
+    that refuses every request while /ready says 200. True when there was one."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+        return True
+    return False
