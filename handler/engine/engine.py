@@ -70,6 +70,10 @@ class Engine:
 
     # ---- admission -------------------------------------------------------------------------
     @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    @property
     def free_slots(self) -> int:
         return self._slots.count(None)
 

@@ -88,8 +88,10 @@ class _Base:
         now = self.clock()
         for out in outputs:
             self._record(self.live[out.request_id], out, now)
+        # One observation per step, not per token: each becomes a log line TorchServe parses.
+        self.metrics.observe("ts_llm_generation_tokens_total", sum(len(o.token_ids) for o in outputs))
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
-        self.metrics.observe("ts_llm_batch_occupancy_ratio", 100.0 * len(outputs) / len(self.engine._slots))
+        self.metrics.observe("ts_llm_batch_occupancy_ratio", 100.0 * len(outputs) / self.engine.slots)
 
     def _record(self, live: Live, out: StepOutput, now: float) -> None:
         if live.first_token_at is None:
@@ -97,7 +99,6 @@ class _Base:
             self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
         live.text.append(out.text)
         live.usage = (out.prompt_tokens, out.completion_tokens)
-        self.metrics.observe("ts_llm_generation_tokens_total", len(out.token_ids))
         if live.req.stream and (out.text or out.finished):
             live.pending.append(live.fmt.chunk(out.text, out.finish_reason, *live.usage))
         if out.finished:

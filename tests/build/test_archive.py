@@ -1,0 +1,43 @@
+"""archive.sh: a real .mar with the handler, the checkpoint and a generated model-config.yaml."""
+import json
+import zipfile
+
+import pytest
+import yaml
+
+from handler.build.archive import build_mar
+from handler.build.cli import main
+from handler.build.model_config import ServingOptions
+
+
+def test_mar_holds_handler_checkpoint_and_model_config(tmp_path, default_checkpoint):
+    opts = ServingOptions("continuous", batch_size=8, handler={"dtype": "float32", "max_seq_len": 512})
+    mar = build_mar(default_checkpoint, "llm", tmp_path, opts)
+    with zipfile.ZipFile(mar) as z:
+        names = set(z.namelist())
+        manifest = json.loads(z.read("MAR-INF/MANIFEST.json"))
+        config = yaml.safe_load(z.read("model-config.yaml"))
+    assert {"llm_handler.py", "checkpoint/model.safetensors", "checkpoint/tokenizer.json", "checkpoint/config.json"} <= names
+    assert manifest["model"]["handler"] == "llm_handler.py"
+    assert config["continuousBatching"] is True and config["batchSize"] == 8
+    assert config["handler"] == {"dtype": "float32", "max_seq_len": 512, "max_batch_size": 8}
+
+
+def test_dynamic_batching_has_no_continuous_key(tmp_path, default_checkpoint):
+    mar = build_mar(default_checkpoint, "m", tmp_path, ServingOptions("dynamic", batch_size=4, max_batch_delay_ms=50))
+    with zipfile.ZipFile(mar) as z:
+        config = yaml.safe_load(z.read("model-config.yaml"))
+    assert "continuousBatching" not in config and config["maxBatchDelay"] == 50
+
+
+def test_cli_reports_a_bad_checkpoint_clearly(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert main(["--checkpoint", str(tmp_path), "--model-store", str(tmp_path / "store")]) == 2
+    assert "unsupported architecture model_type='bert'" in capsys.readouterr().err
+
+
+def test_unknown_batching_mode_is_refused():
+    with pytest.raises(ValueError, match="batching must be"):
+        ServingOptions("static")
