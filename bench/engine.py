@@ -60,8 +60,8 @@ def memory_bandwidth(device: str) -> float:
 def weight_bytes_per_token(model) -> int:
     """Bytes a batch-1 decode step must read: every weight once (the embedding table is only
     gathered, but with tied embeddings it is read whole as the output projection)."""
-    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("tok_embeddings"))
-    return total
+    params = model.named_parameters(remove_duplicate=False)  # a tied output head shares the embedding tensor
+    return sum(p.numel() * p.element_size() for n, p in params if not n.startswith("tok_embeddings"))
 
 
 def hf_decode_tps(checkpoint: Path, device: str, dtype: torch.dtype, batch: int, n: int) -> float:

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from handler.engine.config import EngineConfig
+
+# The compile artifact directory when model-config.yaml names none (the deploy's volume).
+CACHE_DIR_ENV = "TS_LLM_CACHE_DIR"
 
 
 class ConfigError(ValueError):
@@ -21,19 +26,22 @@ class HandlerConfig:
     max_seq_len: int = 2048
     compile: str = "inductor"  # "inductor" or "eager"
     on_compile_error: str = "raise"  # "raise" or "eager" (logged at ERROR and counted)
-    freezing: bool = True
+    freezing: bool = False  # true: no AOT artifacts (frozen graphs cannot be saved)
     max_autotune: bool = False
     cuda_graphs: bool = True
     threads: int | None = None
     max_new_tokens_cap: int = 1024  # requests asking for more get a 400
     default_max_new_tokens: int = 128
     served_model_name: str = "llm"  # the "model" OpenAI-style clients name
-    compile_cache_dir: str | None = None  # AOT artifacts restored by the sidecar (see docs/configuration.md)
+    # The compile artifact directory: the sidecar restores into it, a cold compile installs into
+    # it. Unset here: the environment's TS_LLM_CACHE_DIR (the pod's volume), if any.
+    compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
     continuous_batching: bool = True  # mirrors TorchServe's top-level continuousBatching key
 
     @classmethod
-    def from_model_yaml(cls, model_yaml: dict | None) -> "HandlerConfig":
+    def from_model_yaml(cls, model_yaml: dict | None, environ: Mapping[str, str] | None = None) -> "HandlerConfig":
+        """`environ`: where TS_LLM_CACHE_DIR is read (os.environ when None, read now)."""
         model_yaml = model_yaml or {}
         section = model_yaml.get("handler") or {}
         if not isinstance(section, dict):
@@ -44,6 +52,9 @@ class HandlerConfig:
             raise ConfigError(f"unknown key(s) {', '.join(unknown)} in model-config.yaml `handler:`; allowed: {', '.join(sorted(allowed))}")
         values = {k: _check_type(k, v) for k, v in section.items()}
         values["continuous_batching"] = bool(model_yaml.get("continuousBatching", False))
+        env_cache_dir = (os.environ if environ is None else environ).get(CACHE_DIR_ENV)
+        if values.get("compile_cache_dir") is None and env_cache_dir:
+            values["compile_cache_dir"] = env_cache_dir
         cfg = cls(**values)
         if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:
             raise ConfigError("default_max_new_tokens must be between 1 and max_new_tokens_cap")

@@ -12,6 +12,7 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 from ts.utils.util import PredictionException
 
+from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.metrics import TorchServeSink
@@ -35,8 +36,13 @@ class LLMHandler(BaseHandler):
             log.exception("invalid model configuration")
             raise
         sink = TorchServeSink(context.metrics, context.model_name)
-        loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1))
+        # Compiled artifacts: the sidecar's restore (or a cold compile's install), then the .mar's.
+        places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
+                                Path(props["model_dir"]) / MAR_ARTIFACT_DIR)
+        loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1),
+                              places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1))
         sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
+        sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  engine_cfg.dtype, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)

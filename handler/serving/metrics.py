@@ -19,6 +19,7 @@ COUNTERS = {
     "ts_llm_request_success_total": "Count",  # label finished_reason
     "ts_llm_request_failure_total": "Count",  # label reason
     "ts_llm_compile_eager_fallback_total": "Count",
+    "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification: not loaded
 }
 GAUGES = {
     "ts_llm_requests_running": "Count",

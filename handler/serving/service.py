@@ -127,6 +127,8 @@ class ContinuousService(_Base):
             del self.live[gone]
             self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")
         refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._admit(inc))}
+        # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
+        self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if self.engine.running:
             self._step()
         # gRPC requests must be answered whole, now (see module docstring); the rest keep pace.

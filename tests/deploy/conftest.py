@@ -53,6 +53,7 @@ class Contract:
     prestop_command: tuple[str, ...]
     cache_dir: str
     cache_dir_env: str
+    drain_flag_file: str
     aws_notice_s: int
     cold_start_budget_s: int
     metric_names: dict[str, str]
@@ -94,6 +95,7 @@ def load_contract(path: Path = DEPLOY / "contract.yaml") -> Contract:
         prestop_command=tuple(sc["prestop_command"]),
         cache_dir=sc["cache_dir"],
         cache_dir_env=sc["cache_dir_env"],
+        drain_flag_file=sc["drain_flag_file"],
         aws_notice_s=int(raw["spot"]["aws_notice_s"]),
         cold_start_budget_s=int(raw["startup"]["cold_start_budget_s"]),
         metric_names={k: v for k, v in metrics.items() if k != "model_label"},

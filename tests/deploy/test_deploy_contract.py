@@ -333,10 +333,14 @@ def test_sidecar_commands_and_flags(pod, contract, helpers, name, subcommand) ->
     assert set(flags) <= set(contract.flags), set(flags) - set(contract.flags)
     assert flags["--model-name"] == contract.model_name
     assert flags["--cache-dir"] == contract.cache_dir
-    assert {"--s3-bucket", "--s3-prefix"} <= set(flags)
+    # The bucket and the prefix both come from the ConfigMap (next test), into one store URI.
+    assert flags["--cache-store"] == "s3://$(S3_BUCKET)/$(S3_PREFIX)"
     if subcommand == "watch":
         assert int(flags["--drain-margin-s"]) == contract.drain_margin_s
         assert flags["--stop-method"] == contract.stop_method
+        assert flags["--drain-flag-file"] == contract.drain_flag_file
+        # A preStop `drain` request gets the pod's grace period as its deadline.
+        assert float(flags["--signal-grace-s"]) == pod["terminationGracePeriodSeconds"]
 
 
 def test_s3_settings_come_from_the_sidecar_configmap(pod, helpers) -> None:
@@ -386,6 +390,15 @@ def test_entrypoint_sigterm_deadline_is_the_grace_period(pod, helpers) -> None:
     assert float(flags["--signal-grace-s"]) == pod["terminationGracePeriodSeconds"]
 
 
+def test_only_the_native_sidecar_watches_the_metadata_service(pod, helpers) -> None:
+    """A second watcher in the entrypoint would stop TorchServe on the spot notice itself; the
+    container would exit and the kubelet restart it while the pod is draining."""
+    flags = entrypoint_flags(helpers.serving_container(pod)["command"])
+    assert flags["--clouds"] == ""
+    watch = flag_values(helpers.container(pod, "sidecar")["args"])
+    assert watch.get("--clouds", "aws") != ""
+
+
 def test_config_properties_is_mounted_where_torchserve_reads_it(pod, contract, helpers) -> None:
     ts = helpers.serving_container(pod)
     mount = [m for m in ts["volumeMounts"] if m["mountPath"] == contract.ts_config_path]
@@ -395,15 +408,38 @@ def test_config_properties_is_mounted_where_torchserve_reads_it(pod, contract, h
     assert vol["configMap"]["items"] == [{"key": "config.properties", "path": "config.properties"}]
 
 
+def mounted_at(pod, helpers, path: str) -> list[dict]:
+    """The volumes some container mounts at `path`."""
+    names = {m["name"] for c in helpers.containers(pod) for m in c["volumeMounts"]
+             if m["mountPath"] == path}
+    return [v for v in pod["volumes"] if v["name"] in names]
+
+
 def test_cache_volume_is_shared_by_all_three_containers(pod, contract, helpers) -> None:
-    vol = [v for v in pod["volumes"] if "emptyDir" in v]
-    assert len(vol) == 1
+    vol = mounted_at(pod, helpers, contract.cache_dir)
+    assert len(vol) == 1 and "emptyDir" in vol[0]
     for c in helpers.containers(pod):
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         assert mounts.get(vol[0]["name"]) == contract.cache_dir, c["name"]
     env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
     assert env[contract.cache_dir_env] == contract.cache_dir
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(contract.cache_dir + "/")
+
+
+def test_drain_flag_is_shared_by_sidecar_and_torchserve_outside_the_cache(
+        pod, contract, helpers) -> None:
+    flag_dir = contract.drain_flag_file.rsplit("/", 1)[0]
+    # Never inside the cache volume: the cache is published to S3 and restored elsewhere,
+    # where a restored flag would make the new replica refuse every request.
+    assert not contract.drain_flag_file.startswith(contract.cache_dir + "/")
+    (vol,) = mounted_at(pod, helpers, flag_dir)
+    assert "emptyDir" in vol
+    for name in ["sidecar", helpers.serving_container(pod)["name"]]:
+        mounts = {m["name"]: m["mountPath"] for m in helpers.container(pod, name)["volumeMounts"]}
+        assert mounts.get(vol["name"]) == flag_dir, name
+    # The entrypoint's own drain (SIGTERM without preStop) closes admission with the same file.
+    flags = entrypoint_flags(helpers.serving_container(pod)["command"])
+    assert flags["--drain-flag-file"] == contract.drain_flag_file
 
 
 def test_one_image_for_all_containers(pod, helpers) -> None:

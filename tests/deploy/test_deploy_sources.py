@@ -123,3 +123,22 @@ def test_handler_declares_the_metrics_the_hpa_uses(contract) -> None:
     text = source_text(REPO, (".py", ".yaml", ".yml", ".properties", ".sh"))
     missing = [m for m in contract.metric_names.values() if m not in text]
     assert missing == [], "the HPA / adapter / dashboards expect these metrics"
+
+
+@needs_sidecar
+def test_sidecar_exports_the_hpa_metric_with_the_selector_label(contract) -> None:
+    """The HPAs select ts_llm_requests_waiting{model_name=llm}; the sidecar's collector must
+    export exactly that name and label (and the in-flight gauge the contract names)."""
+    load = importlib.import_module("handler.sidecar.load_metrics")
+    assert load.WAITING == contract.metric_names["queue_waiting"]
+    assert load.IN_FLIGHT == contract.metric_names["in_flight"]
+    assert load.MODEL_LABEL == contract.model_label
+
+
+@needs_sidecar
+def test_sidecar_config_knows_the_drain_flag_and_cache_dir(contract) -> None:
+    config = importlib.import_module("handler.sidecar.config")
+    settings = config.config_from_mapping({"drain_flag_file": contract.drain_flag_file,
+                                           "cache_dir": contract.cache_dir,
+                                           "cache_store": "s3://bucket/prefix"})
+    assert settings.cache_key_path.parent.as_posix() == contract.cache_dir

@@ -104,3 +104,36 @@ def test_metrics_come_from_the_registry_passed_in(served: Served) -> None:
 
 def test_unknown_path_is_404(served: Served) -> None:
     assert served.get("/nope").status_code == 404
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine other than loopback, if it has one (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))  # TEST-NET-1: routing only, nothing is sent
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_post_drain_is_refused_from_outside_the_pod(management: FakeManagement) -> None:
+    from handler.sidecar.drain_control import DrainControl
+
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    board, registry = NoticeBoard(), CollectorRegistry()
+    client = TorchServeClient(management.url, "llm", timeout_s=1.0)
+    server = SidecarHttpServer("0.0.0.0", 0, Readiness(board, client), lambda: True, registry,
+                               DrainControl(board, lambda: START, 30.0)).start()
+    try:
+        outside = requests.post(f"http://{address}:{server.port}/drain", timeout=2)
+        assert outside.status_code == 403 and "loopback only" in outside.json()["error"]
+        assert board.pending() is None
+        inside = requests.post(f"http://127.0.0.1:{server.port}/drain", timeout=2)
+        assert inside.status_code == 202 and board.pending() is not None
+    finally:
+        server.stop()

@@ -25,7 +25,8 @@ from .conftest import FakeManagement
 def settings(emulator: MetadataEmulator, management: FakeManagement, **extra: Any):
     return config_from_mapping({
         "clouds": "aws", "aws_metadata_url": emulator.url, "azure_metadata_url": emulator.url,
-        "management_url": management.url, "metrics_url": management.metrics_url, "listen_host": "127.0.0.1", "listen_port": 0,
+        "management_url": management.url, "metrics_url": management.metrics_url,
+        "listen_host": "127.0.0.1", "listen_port": 0,
         "poll_interval_s": 0.05, "http_timeout_s": 1.0, "stop_method": "none",
         "drain_margin_s": 1, "publish_reserve_s": 2, "stop_reserve_s": 1, "quiet_s": 0.1, **extra})
 

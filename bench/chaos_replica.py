@@ -1,0 +1,188 @@
+"""One replica for the chaos run, from real parts: a .mar built with a drain flag, TorchServe
+started by handler.launcher, `ts-llm-sidecar watch` as its own process, the metadata emulator,
+and moto's S3 server holding the compile cache. Everything is on loopback; `Replica.close`
+stops what was started, also after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+import yaml
+
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.launcher import Ports, TorchServe, free_port, start_torchserve
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "llm"
+BUCKET, PREFIX = "chaos-compile-cache", "ts-llm/llm"
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+            "NO_PROXY": "127.0.0.1,localhost"}
+
+
+def build_archive(checkpoint: Path, store: Path, flag: Path, compile_mode: str,
+                  batch_size: int) -> Path:
+    # One intra-op thread: on a small machine shared with other work, two OpenMP threads
+    # contending for two cores make every decode step an order of magnitude slower.
+    handler = {"dtype": "bfloat16", "compile": compile_mode, "max_seq_len": 256,
+               "max_new_tokens_cap": 64, "default_max_new_tokens": 16, "threads": 1,
+               "served_model_name": MODEL, "drain_flag_file": str(flag)}
+    return build_mar(checkpoint, MODEL, store,
+                     ServingOptions("continuous", batch_size=batch_size, handler=handler))
+
+
+def write_compile_cache(cache_dir: Path, checkpoint: Path) -> dict[str, object]:
+    """A small but real cache: artifact files plus cache-key.json (the key-file contract), so
+    the drain's publish step has something to upload and S3 something to show."""
+    from handler.cache.key import current_key, digest_files
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("fxgraph/graph-0.bin", "inductor/kernel-0.so", "inductor/kernel-1.so"):
+        path = cache_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(256 * 1024))
+    key = current_key(digest_files(checkpoint.glob("*.safetensors")),
+                      {"chaos": True, "dtype": "bfloat16"}, "cpu")
+    (cache_dir / "cache-key.json").write_text(json.dumps(key.describe()))
+    return key.describe()
+
+
+@dataclass
+class Sidecar:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    report_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> int | None:
+        try:
+            return requests.get(self.url + "/ready", timeout=2).status_code
+        except requests.RequestException:
+            return None
+
+    def in_flight(self) -> float | None:
+        """ts_llm_requests_in_flight from the sidecar's /metrics (TorchServe's view)."""
+        try:
+            text = requests.get(self.url + "/metrics", timeout=2).text
+        except requests.RequestException:
+            return None
+        for line in text.splitlines():
+            if line.startswith("ts_llm_requests_in_flight{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def report(self) -> dict[str, object] | None:
+        try:
+            doc: dict[str, object] = json.loads(self.report_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return doc
+
+
+def start_sidecar(work: Path, ts: TorchServe, settings: dict[str, object]) -> Sidecar:
+    port = free_port()
+    config = {"model_name": MODEL, "management_url": ts.management_url,
+              "key_file": str(ts.workdir / "key_file.json"),
+              "metrics_url": ts.metrics_url + "/metrics", "listen_host": "127.0.0.1",
+              "listen_port": port, "stop_method": "pid",
+              "torchserve_pid_file": str(ts.workdir / "tmp" / ".model_server.pid"),
+              "report_file": str(work / "drain-report.json"), **settings}
+    config_path = work / "sidecar.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log_path = work / "sidecar.log"
+    with log_path.open("wb") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ts-llm-sidecar"), "watch", "--config",
+             str(config_path)], stdout=subprocess.DEVNULL, stderr=log,
+            env={**os.environ, **FAKE_AWS}, start_new_session=True)
+    sidecar = Sidecar(process, port, log_path, Path(str(config["report_file"])))
+    _wait(lambda: sidecar.ready() is not None or process.poll() is not None, 30,
+          f"the sidecar to listen (see {log_path})")
+    if process.poll() is not None:
+        raise RuntimeError(f"sidecar exited with {process.returncode}; see {log_path}")
+    return sidecar
+
+
+def start_replica_torchserve(store: Path, work: Path) -> TorchServe:
+    # TEMP (TorchServe reads it, not TMPDIR, for java.io.tmpdir) keeps the worker sockets in
+    # this instance's own directory, next to its pid file.
+    ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties",
+                          work, Ports.free(), env={"TEMP": str(work / "tmp")})
+    try:
+        ts.wait_ready(MODEL, timeout=600)
+    except Exception:
+        stop_torchserve(ts)
+        raise
+    return ts
+
+
+def stop_torchserve(ts: TorchServe) -> None:
+    if ts.process is not None and ts.process.poll() is None:
+        ts.stop(timeout=30)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+    return int(process.returncode)
+
+
+@dataclass
+class Moto:
+    endpoint_url: str
+    server: object = field(repr=False)
+
+    def stop(self) -> None:
+        self.server.stop()  # type: ignore[attr-defined]
+
+
+def start_moto() -> Moto:
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(FAKE_AWS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    moto = Moto(f"http://{host}:{port}", server)
+    s3(moto).create_bucket(Bucket=BUCKET)
+    return moto
+
+
+def s3(moto: Moto):  # noqa: ANN201 - a boto3 client
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto.endpoint_url, region_name="us-east-1")
+
+
+def published_objects(moto: Moto, digest: str) -> list[dict[str, object]]:
+    listed = s3(moto).list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}/{digest}/")
+    return [{"key": o["Key"], "size": o["Size"], "last_modified": o["LastModified"].timestamp()}
+            for o in listed.get("Contents", [])]
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,242 @@
+"""AOT compile artifacts: compiled once, loaded without tracing, never for the wrong key.
+
+A tiny random-weight Llama (the default model's tokenizer) keeps the compile to under a minute;
+one cold compile per module is shared by the tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
+from handler.cache.manifest import MANIFEST_NAME
+from handler.engine import aot, artifacts
+from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compile import ArtifactRequest, CompileError, build_steps
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine
+from handler.engine.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, default_checkpoint) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_checkpoint / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_checkpoint) -> EngineConfig:
+    return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False)
+
+
+@pytest.fixture(scope="module")
+def cold(cfg, tmp_path_factory):
+    """One cold compile that installs its artifact in a cache dir, as a first worker does."""
+    cache_dir = tmp_path_factory.mktemp("cache") / "aot"
+    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=cache_dir))
+    assert loaded.steps.mode == "aot-compiled", loaded.steps.mode
+    return loaded, cache_dir
+
+
+@pytest.fixture(scope="module")
+def key(cfg, cold):
+    return artifacts.artifact_key(cfg, artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
+
+
+def _greedy_tokens(engine, n: int = 12) -> list[list[int]]:
+    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    return engine.generate(ids, [SamplingParams(max_new_tokens=n, ignore_eos=True)] * len(ids))
+
+
+def test_cold_compile_installs_a_verified_artifact_with_its_key(cold, key):
+    _, cache_dir = cold
+    assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
+    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text()) == key.describe()
+    assert list((cache_dir / aot.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
+
+
+def test_compiled_tokens_equal_eager_tokens(cold, cfg):
+    eager = build_engine(dataclasses.replace(cfg, compile="eager")).engine
+    assert _greedy_tokens(cold[0].engine) == _greedy_tokens(eager)
+
+
+def test_every_serving_shape_has_a_graph(cold, cfg):
+    """Coverage is proven over the Engine's whole shape domain, not sampled."""
+    steps = cold[0].steps
+    for name, step in (("prefill", steps.prefill), ("decode", steps.decode)):
+        for shape in aot.serving_shapes(name, cfg):
+            assert step.match(*aot.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
+
+
+def test_varied_batches_and_lengths_compile_nothing(cold, cfg):
+    from torch._dynamo.utils import counters
+
+    steps = cold[0].steps
+    frames_before = sum(counters["frames"].values())
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for b in (1, 2, 8):
+            for t in (16, 48, cfg.max_seq_len):
+                steps.prefill(*aot.example_args("prefill", aot.Shape(b, t), torch.device("cpu")))
+            steps.decode(*aot.example_args("decode", aot.Shape(b, cfg.max_seq_len), torch.device("cpu")))
+    assert sum(counters["frames"].values()) == frames_before
+
+
+def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(cold, cfg):
+    too_many = aot.Shape(cfg.max_batch_size + 1, 64)  # decode slices the cache: its guards bound the batch
+    with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
+        cold[0].steps.decode(*aot.example_args("decode", too_many, torch.device("cpu")))
+
+
+LOAD_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    start = time.perf_counter()
+    from torch._dynamo.utils import counters
+    from handler.engine.artifacts import ArtifactPlaces
+    from handler.engine.config import EngineConfig
+    from handler.engine.factory import build_engine
+    from handler.engine.sampling import SamplingParams
+    checkpoint, cache_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    cfg = EngineConfig(Path(checkpoint), dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False)
+    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=Path(cache_dir)))
+    ready = time.perf_counter() - start
+    ids = [loaded.engine.tokenizer.encode(p) for p in prompts]
+    tokens = loaded.engine.generate(ids, [SamplingParams(max_new_tokens=12, ignore_eos=True)] * len(ids))
+    print(json.dumps({"mode": loaded.steps.mode, "ready_s": ready, "tokens": tokens,
+                      "frames": sum(counters["frames"].values()), "graphs": counters["stats"]["unique_graphs"]}))
+""")
+
+
+def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
+    """A replacement worker: empty Inductor cache, only the restored artifact."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(cfg.checkpoint_dir), str(cold[1]), json.dumps(PROMPTS)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "aot-loaded"
+    assert out["frames"] == 0 and out["graphs"] == 0, "loading must not trace or compile anything"
+    assert "rebuilt at load" not in proc.stderr, "the C++ kernels must come from the artifact"
+    assert out["tokens"] == _greedy_tokens(cold[0].engine)
+    assert out["ready_s"] < 60, out["ready_s"]  # ~10 s here; a cold compile is ~50 s
+
+
+# ---- the key and verification: no compile needed; the cold path is stubbed and observed ------
+
+class ColdPath(Exception):
+    pass
+
+
+@pytest.fixture
+def observed(monkeypatch):
+    """Record which path build_steps takes without compiling: a cold compile raises ColdPath."""
+    calls = {"loads": 0}
+
+    def no_compile(model, cfg):
+        raise ColdPath
+
+    def count_load(model, path):
+        calls["loads"] += 1
+        raise AssertionError(f"load_artifacts({path}) must not be reached")
+
+    monkeypatch.setattr(aot, "compile_steps", no_compile)
+    monkeypatch.setattr(aot, "load_artifacts", count_load)
+    return calls
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+def test_key_changes_with_torch_version_and_compile_config(cfg, key, monkeypatch):
+    digest = key.weights_digest
+    assert artifacts.artifact_key(cfg, digest) == key
+    assert artifacts.artifact_key(dataclasses.replace(cfg, max_autotune=True), digest) != key
+    assert artifacts.artifact_key(dataclasses.replace(cfg, max_seq_len=128), digest) != key
+    assert artifacts.artifact_key(cfg, "0" * 64) != key
+    monkeypatch.setattr("handler.cache.key.torch_version", lambda: "2.14.0+cpu")
+    assert artifacts.artifact_key(cfg, digest).torch_version == "2.14.0+cpu"
+    assert artifacts.artifact_key(cfg, digest) != key
+
+
+def test_another_torch_version_takes_the_cold_path(cold, cfg, key, tmp_path, monkeypatch, observed, caplog):
+    cache_dir = _copy(cold[1], tmp_path / "aot")
+    monkeypatch.setattr("handler.cache.key.torch_version", lambda: "2.14.0+cpu")
+    newer = artifacts.artifact_key(cfg, key.weights_digest)
+    assert artifacts.check_dir(cache_dir, newer).verdict == Verdict.OTHER_KEY
+    with pytest.raises(CompileError) as err:
+        build_steps(cold[0].model, cfg, artifacts_wanted=ArtifactRequest(newer, ArtifactPlaces(cache_dir=cache_dir)))
+    assert isinstance(err.value.__cause__, ColdPath) and observed["loads"] == 0
+    assert "torch_version: '2.13" in caplog.text and "compiling cold" in caplog.text
+
+
+@pytest.mark.parametrize("victim", ["graph", "kernel", "manifest"])
+def test_tampered_artifact_is_rejected_counted_and_never_loaded(cold, cfg, key, tmp_path, observed, victim, caplog):
+    cache_dir = _copy(cold[1], tmp_path / "aot")
+    path = {"graph": cache_dir / "decode-0.bin", "kernel": next((cache_dir / aot.KERNEL_DIR).rglob("*.so")),
+            "manifest": cache_dir / MANIFEST_NAME}[victim]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    rejected = []
+    request = ArtifactRequest(key, ArtifactPlaces(cache_dir=cache_dir), on_rejected=lambda: rejected.append(1))
+    with pytest.raises(CompileError) as err:
+        build_steps(cold[0].model, cfg, artifacts_wanted=request)
+    assert isinstance(err.value.__cause__, ColdPath) and observed["loads"] == 0
+    assert rejected == [1] and "REJECTED" in caplog.text
+
+
+def test_store_never_installs_a_tampered_artifact(cold, key, tmp_path):
+    """The sidecar's path: an artifact altered in the store is refused by the restore."""
+    store = LocalStore(tmp_path / "store", progress=False)
+    assert publish_if_new(store, key, cold[1]) == "published"
+    blob = max((tmp_path / "store").rglob("blobs/*"), key=lambda p: p.stat().st_size)
+    blob.write_bytes(blob.read_bytes()[:-1] + b"\0")
+    dest = tmp_path / "restored"
+    assert restore(store, key, dest) == RestoreOutcome.REJECTED
+    assert not dest.exists()
+
+
+def test_weights_digest_is_read_from_the_archive_not_recomputed(tiny_checkpoint, tmp_path, monkeypatch):
+    ckpt_dir = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    ckpt = open_checkpoint(ckpt_dir)
+    digest = artifacts.write_weights_digest(ckpt, ckpt_dir)
+
+    def no_hashing(paths):
+        raise AssertionError("weights were hashed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(artifacts, "digest_files", no_hashing)
+        assert artifacts.weights_digest(ckpt) == digest
+    weights = ckpt.weight_files[0]
+    weights.write_bytes(weights.read_bytes() + b"\0")  # a different file: the record no longer applies
+    assert artifacts.weights_digest(open_checkpoint(ckpt_dir)) != digest
+
+
+def test_inductor_cache_inside_the_artifact_dir_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "aot" / "inductor"))
+    with pytest.raises(ValueError, match="inside the compile artifact dir"):
+        artifacts.check_layout(ArtifactPlaces(cache_dir=tmp_path / "aot"))
