@@ -6,4 +6,4 @@ cd "$(dirname "$0")"
 if [ "${1:-}" = "--stop" ]; then exec .venv/bin/python -m handler.serve --stop; fi
 ./setup.sh
 ./archive.sh
-exec .venv/bin/python -m handler.serve "$@"
+exec .venv/bin/python -m handler.serve

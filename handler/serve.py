@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         ts.stop()
         print("TorchServe stopped")
         return 0
-    ts = start_torchserve(args.model_store, {args.model_name: f"{args.model_name}.mar"}, args.ts_config, WORKDIR.resolve())
-    print(f"TorchServe starting; worker log: {WORKDIR}/logs/model_log.log (a cold start compiles the model)", flush=True)
     try:
+        ts = start_torchserve(args.model_store, {args.model_name: f"{args.model_name}.mar"}, args.ts_config, WORKDIR.resolve())
+        print(f"TorchServe starting; worker log: {WORKDIR}/logs/model_log.log (a cold start compiles the model)", flush=True)
         waited = ts.wait_ready(args.model_name, args.ready_timeout)
     except TorchServeError as err:
         print(f"serve.sh: error: {err}", file=sys.stderr)

@@ -13,6 +13,7 @@ from handler.engine.sampling import SamplingParams
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
 MAX_STOP_STRINGS = 4
+MAX_TEMPERATURE = 100.0
 ROLES = ("system", "user", "assistant")
 
 
@@ -156,10 +157,13 @@ def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
         default = 16 if api == "completions" else limits.default_max_new_tokens
         max_new = _get(data, "max_completion_tokens", int, None) or _get(data, "max_tokens", int, default)
         temperature = _get(data, "temperature", float, 1.0)
+    field = "max_new_tokens" if api == "native" else "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
     if not 1 <= max_new <= limits.max_new_tokens_cap:
-        raise RequestError(f"max_new_tokens must be between 1 and {limits.max_new_tokens_cap}, got {max_new}")
-    if not 0.0 <= temperature <= 100.0:
+        raise RequestError(f"{field} must be between 1 and {limits.max_new_tokens_cap}, got {max_new}")
+    if temperature < 0.0:
         raise RequestError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if temperature > MAX_TEMPERATURE:
+        raise RequestError(f"temperature must be at most {MAX_TEMPERATURE:g}, got {temperature}")
     top_p = _get(data, "top_p", float, 1.0)
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")

@@ -80,8 +80,13 @@ def test_max_new_tokens_over_cap():
     assert "between 1 and 32" in rejects({"prompt": "a", "max_new_tokens": 33})
 
 
-def test_negative_temperature():
+def test_temperature_out_of_range():
     assert "temperature must be >= 0" in rejects({"prompt": "a", "temperature": -0.5})
+    assert "temperature must be at most 100" in rejects({"prompt": "a", "temperature": 1000})
+
+
+def test_openai_limit_error_names_the_field_the_client_sent():
+    assert "max_tokens must be between 1 and 32" in rejects({"prompt": "a", "max_tokens": 99}, "v1/completions")
 
 
 def test_top_p_out_of_range():
