@@ -12,6 +12,7 @@ from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
 from handler.build.model_config import ServingOptions, model_config
+from handler.engine.artifacts import write_weights_digest
 from handler.engine.checkpoint import open_checkpoint
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,10 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"
-        _stage(staging / opts.handler.get("checkpoint", "checkpoint"), checkpoint_dir)
+        staged_checkpoint = staging / opts.handler.get("checkpoint", "checkpoint")
+        _stage(staged_checkpoint, checkpoint_dir)
+        # Hashed once here, so a worker's cache key needs no pass over the weights.
+        write_weights_digest(open_checkpoint(staged_checkpoint), staged_checkpoint)
         for name, src in (extra_dirs or {}).items():
             _stage(staging / name, src, patterns=("**/*",))
         config_file = Path(tmp) / "model-config.yaml"

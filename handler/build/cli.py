@@ -4,9 +4,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 from handler.build.archive import build_mar
+from handler.build.precompile import build_artifact
+from handler.cache import LocalStore, publish_if_new
+from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.build.model_config import ServingOptions
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
@@ -32,6 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens-cap", type=int, default=1024)
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
+    p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
+                   "artifact into the .mar: workers on a machine like this one load it in seconds instead of compiling")
+    p.add_argument("--aot-store", type=Path, metavar="DIR", help="compile the engine now and publish the artifact "
+                   "to this local cache store (what the sidecar's --cache-store DIR restores from)")
     return p.parse_args(argv)
 
 
@@ -46,7 +54,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
-        mar = build_mar(checkpoint, args.model_name, args.model_store, opts)
+        args.model_store.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".aot-", dir=args.model_store) as tmp:
+            extra = {}
+            if args.aot or args.aot_store:
+                artifact = Path(tmp) / MAR_ARTIFACT_DIR
+                key = build_artifact(checkpoint, opts, artifact)
+                if args.aot_store:
+                    publish_if_new(LocalStore(args.aot_store, progress=False), key, artifact)
+                if args.aot:
+                    extra[MAR_ARTIFACT_DIR] = artifact
+            mar = build_mar(checkpoint, args.model_name, args.model_store, opts, extra_dirs=extra)
     except (CheckpointError, ConversionError, ValueError) as err:
         print(f"archive.sh: error: {err}", file=sys.stderr)
         return 2

@@ -1,17 +1,27 @@
-"""torch.compile of the prefill and decode steps, warmed up at load so no request pays for it.
+"""Compiled prefill and decode, ready before the first request: loaded or compiled at load.
 
-After warm-up every call runs under the "fail_on_recompile" stance: a shape that would trigger a
-recompile while serving is an error, not a silent minute-long stall.
+With artifacts wanted (the serving path), a verified artifact for this worker's key is loaded
+(seconds, no tracing); otherwise both steps are AOT-compiled over every serving shape
+(minutes) and, given a cache dir, installed there for the sidecar to publish. Configurations
+AOT does not support (freezing, CUDA) use torch.compile with a warm-up instead.
+
+Either way no shape seen while serving compiles anything: AOT steps have a graph for every
+shape the Engine can send, and torch.compile'd ones run under the "fail_on_recompile" stance,
+so a recompile is an error, not a silent minute-long stall.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
 
 import torch
 
+from handler.cache.key import CacheKey
+from handler.engine import aot, artifacts
+from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
 
@@ -26,26 +36,94 @@ class CompileError(RuntimeError):
 class Steps:
     prefill: Callable
     decode: Callable
-    mode: str  # "inductor" or "eager"
-    compile_seconds: float
+    mode: str  # "eager", "inductor" (torch.compile), "aot-compiled" (cold) or "aot-loaded"
+    compile_seconds: float  # compiling, or loading artifacts
     eager_fallback: bool = False  # True when compile failed and on_compile_error=eager
+    artifact_dir: Path | None = None  # the artifact loaded, or installed after a cold compile
 
 
-def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[str], None] | None = None) -> Steps:
+@dataclass(frozen=True)
+class ArtifactRequest:
+    key: CacheKey
+    places: ArtifactPlaces
+    on_rejected: Callable[[], None] | None = None  # counts an artifact that failed verification
+
+
+def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[str], None] | None = None,
+                artifacts_wanted: ArtifactRequest | None = None) -> Steps:
     if cfg.compile == "eager":
         log.info("compile=eager: serving the uncompiled model, as configured")
         return Steps(model.prefill, model.decode, "eager", 0.0)
     try:
-        return _compile(model, cfg)
+        return _compiled(model, cfg, artifacts_wanted)
     except Exception as err:  # Dynamo/Inductor raise many types; all mean "no compiled model"
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         if cfg.on_compile_error != "eager":
-            raise CompileError(f"torch.compile failed ({reason}); fix it or set on_compile_error: eager") from err
-        log.error("torch.compile FAILED (%s); serving EAGER because on_compile_error=eager", reason)
+            raise CompileError(f"compiling or loading the compiled model failed ({reason}); "
+                               "fix it or set on_compile_error: eager") from err
+        log.error("compiling or loading the compiled model FAILED (%s); serving EAGER because "
+                  "on_compile_error=eager", reason)
         torch._dynamo.reset()
         if on_fallback is not None:
             on_fallback(reason)
         return Steps(model.prefill, model.decode, "eager", 0.0, eager_fallback=True)
+
+
+def _compiled(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
+    if aot.unsupported_reason(cfg) is not None:
+        return _compile(model, cfg)
+    if wanted is None:
+        return _aot_cold(model, cfg, None)
+    with artifacts.holding(wanted.places):
+        return _aot_warm(model, wanted) or _aot_cold(model, cfg, wanted)
+
+
+def _aot_warm(model: Transformer, wanted: ArtifactRequest) -> Steps | None:
+    """Load the first verified artifact for the key; None (logged once) when there is none."""
+    checked = []
+    for path in wanted.places.search():
+        found = artifacts.check_dir(path, wanted.key)
+        artifacts.log_check(found, wanted.key, wanted.on_rejected)
+        if found.verdict == Verdict.VERIFIED:
+            start = time.perf_counter()
+            loaded = aot.load_artifacts(model, path)
+            return _aot_result(loaded, "aot-loaded", time.perf_counter() - start, path)
+        checked.append(f"{path}: {found.verdict}")
+    log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",
+                wanted.key.digest(), "; ".join(checked) or "no place to look")
+    return None
+
+
+def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
+    start = time.perf_counter()
+    dest = wanted.places.cache_dir if wanted is not None else None
+    steps = aot.compile_steps(model, cfg) if dest is None else compile_and_install(model, cfg, wanted.key, dest)
+    seconds = time.perf_counter() - start
+    log.info("AOT-compiled prefill and decode (%d + %d graphs) in %.1f s", len(steps.prefill.graphs),
+             len(steps.decode.graphs), seconds)
+    return _aot_result(steps, "aot-compiled", seconds, dest)
+
+
+def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, dest: Path) -> aot.AotSteps:
+    """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
+    returns the steps loaded back from it. Call it holding dest's lock when others may read it."""
+    loaded: list[aot.AotSteps] = []
+    with aot.private_kernel_cache() as kernels:
+        compiled = aot.compile_steps(model, cfg)
+
+        def write(staged: Path) -> None:
+            aot.save_artifacts(compiled, staged, kernels)
+            artifacts.write_key_file(key, staged / artifacts.KEY_FILE_NAME)
+            # Serve what was saved: an artifact that does not load is never installed.
+            loaded.append(aot.load_artifacts(model, staged))
+
+        artifacts.install(write, key, dest)
+    log.info("compile cache: installed artifact %s in %s", key.digest(), dest)
+    return loaded[0]
+
+
+def _aot_result(steps: aot.AotSteps, mode: str, seconds: float, path: Path | None) -> Steps:
+    return Steps(steps.prefill, steps.decode, mode, seconds, artifact_dir=path)
 
 
 def _compile(model: Transformer, cfg: EngineConfig) -> Steps:
@@ -66,7 +144,7 @@ def warm_up(prefill: Callable, decode: Callable, cfg: EngineConfig) -> None:
     specializes size 1), short and longer prompts, short and longer attention windows."""
     device = torch.device(cfg.device)
     batches = [1, 2] if cfg.max_batch_size >= 2 else [1]
-    with torch.inference_mode():
+    with torch.no_grad():  # as the Engine calls them: grad mode is part of the guards
         for b in batches:
             for t in (16, 32):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)

@@ -19,7 +19,9 @@ class EngineConfig:
     max_seq_len: int = 2048  # prompt + generated tokens per sequence
     compile: Literal["inductor", "eager"] = "inductor"
     on_compile_error: Literal["raise", "eager"] = "raise"
-    freezing: bool = True  # Inductor constant-folds and prepacks weights (oneDNN on CPU)
+    # Inductor constant-folds and prepacks weights (oneDNN on CPU). Off: measured no faster for
+    # decode here (bf16, batch 1/8/16), and frozen graphs cannot be saved as AOT artifacts.
+    freezing: bool = False
     max_autotune: bool = False  # Inductor benchmarks GEMM kernels (C++ templates on CPU): faster decode, slower compile
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default

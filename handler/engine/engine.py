@@ -98,7 +98,9 @@ class Engine:
         self._new = [s for s in self._new if s.request_id != request_id]
 
     # ---- stepping --------------------------------------------------------------------------
-    @torch.inference_mode()
+    # no_grad, not inference_mode: AOT-compiled steps guard on each tensor's dispatch keys, and
+    # tensors made in inference mode lack the autograd key the graphs were captured with.
+    @torch.no_grad()
     def step(self) -> list[StepOutput]:
         new, self._new = self._new, []
         running = [s for s in self._slots if s is not None and s not in new]

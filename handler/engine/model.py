@@ -175,8 +175,11 @@ class Transformer(nn.Module):
     def setup_cache(self, slots: int, max_seq: int) -> None:
         dtype, device = self.output.weight.dtype, self.output.weight.device
         self.max_seq = max_seq
+        # One spare position nobody attends to: a window of kv_len <= max_seq positions is then
+        # never the whole (contiguous) buffer, and compiled graphs, which guard on contiguity,
+        # need no extra specialization for a window or prompt that reaches max_seq.
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(slots, max_seq, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
+            layer.attention.kv_cache = KVCache(slots, max_seq + 1, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
         cos, sin = rope_frequencies(self.args, max_seq)
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)

@@ -51,65 +51,7 @@ def cfg(tiny_checkpoint) -> EngineConfig:
     return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False)
 
 
-@pytest.fixture(scope="module")
-def cold(cfg, tmp_path_factory):
-    """One cold compile that installs its artifact in a cache dir, as a first worker does."""
-    cache_dir = tmp_path_factory.mktemp("cache") / "aot"
-    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=cache_dir))
-    assert loaded.steps.mode == "aot-compiled", loaded.steps.mode
-    return loaded, cache_dir
-
-
-@pytest.fixture(scope="module")
-def key(cfg, cold):
-    return artifacts.artifact_key(cfg, artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
-
-
-def _greedy_tokens(engine, n: int = 12) -> list[list[int]]:
-    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
-    return engine.generate(ids, [SamplingParams(max_new_tokens=n, ignore_eos=True)] * len(ids))
-
-
-def test_cold_compile_installs_a_verified_artifact_with_its_key(cold, key):
-    _, cache_dir = cold
-    assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
-    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text()) == key.describe()
-    assert list((cache_dir / aot.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
-
-
-def test_compiled_tokens_equal_eager_tokens(cold, cfg):
-    eager = build_engine(dataclasses.replace(cfg, compile="eager")).engine
-    assert _greedy_tokens(cold[0].engine) == _greedy_tokens(eager)
-
-
-def test_every_serving_shape_has_a_graph(cold, cfg):
-    """Coverage is proven over the Engine's whole shape domain, not sampled."""
-    steps = cold[0].steps
-    for name, step in (("prefill", steps.prefill), ("decode", steps.decode)):
-        for shape in aot.serving_shapes(name, cfg):
-            assert step.match(*aot.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
-
-
-def test_varied_batches_and_lengths_compile_nothing(cold, cfg):
-    from torch._dynamo.utils import counters
-
-    steps = cold[0].steps
-    frames_before = sum(counters["frames"].values())
-    with torch.compiler.set_stance("fail_on_recompile"):
-        for b in (1, 2, 8):
-            for t in (16, 48, cfg.max_seq_len):
-                steps.prefill(*aot.example_args("prefill", aot.Shape(b, t), torch.device("cpu")))
-            steps.decode(*aot.example_args("decode", aot.Shape(b, cfg.max_seq_len), torch.device("cpu")))
-    assert sum(counters["frames"].values()) == frames_before
-
-
-def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(cold, cfg):
-    too_many = aot.Shape(cfg.max_batch_size + 1, 64)  # decode slices the cache: its guards bound the batch
-    with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
-        cold[0].steps.decode(*aot.example_args("decode", too_many, torch.device("cpu")))
-
-
-LOAD_SCRIPT = textwrap.dedent("""
+WORKER_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     start = time.perf_counter()
@@ -129,18 +71,89 @@ LOAD_SCRIPT = textwrap.dedent("""
 """)
 
 
+def run_worker(cfg: EngineConfig, cache_dir: Path, inductor_dir: Path) -> tuple[dict, str]:
+    """build_engine in a fresh process, as a TorchServe worker; returns its report and stderr."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    proc = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, str(cfg.checkpoint_dir), str(cache_dir), json.dumps(PROMPTS)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cold(cfg, tmp_path_factory):
+    """A first worker (a fresh process): compiles cold and installs its artifact in a cache dir."""
+    cache_dir = tmp_path_factory.mktemp("cache") / "aot"
+    report, _ = run_worker(cfg, cache_dir, tmp_path_factory.mktemp("inductor"))
+    assert report["mode"] == "aot-compiled", report["mode"]
+    return report, cache_dir
+
+
+@pytest.fixture(scope="module")
+def loaded(cfg, cold):
+    """This process loads the cold worker's artifact: the steps the other tests drive."""
+    engine = build_engine(cfg, places=ArtifactPlaces(cache_dir=cold[1]))
+    assert engine.steps.mode == "aot-loaded", engine.steps.mode
+    return engine
+
+
+@pytest.fixture(scope="module")
+def key(cfg, cold):
+    return artifacts.artifact_key(cfg, artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
+
+
+def _greedy_tokens(engine, n: int = 12) -> list[list[int]]:  # as WORKER_SCRIPT generates
+    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    return engine.generate(ids, [SamplingParams(max_new_tokens=n, ignore_eos=True)] * len(ids))
+
+
+def test_cold_compile_installs_a_verified_artifact_with_its_key(cold, key):
+    _, cache_dir = cold
+    assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
+    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text()) == key.describe()
+    assert list((cache_dir / aot.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
+
+
+def test_compiled_tokens_equal_eager_tokens(cold, loaded, cfg):
+    eager = build_engine(dataclasses.replace(cfg, compile="eager")).engine
+    assert cold[0]["tokens"] == _greedy_tokens(loaded.engine) == _greedy_tokens(eager)
+
+
+def test_every_serving_shape_has_a_graph(loaded, cfg):
+    """Coverage is proven over the Engine's whole shape domain, not sampled."""
+    steps = loaded.steps
+    for name, step in (("prefill", steps.prefill), ("decode", steps.decode)):
+        for shape in aot.serving_shapes(name, cfg):
+            assert step.match(*aot.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
+
+
+def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
+    from torch._dynamo.utils import counters
+
+    steps = loaded.steps
+    frames_before = sum(counters["frames"].values())
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for b in (1, 2, 8):
+            for t in (16, 48, cfg.max_seq_len):
+                steps.prefill(*aot.example_args("prefill", aot.Shape(b, t), torch.device("cpu")))
+            steps.decode(*aot.example_args("decode", aot.Shape(b, cfg.max_seq_len), torch.device("cpu")))
+    assert sum(counters["frames"].values()) == frames_before
+
+
+def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(loaded, cfg):
+    too_many = aot.Shape(cfg.max_batch_size + 1, 64)  # decode slices the cache: its guards bound the batch
+    with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
+        loaded.steps.decode(*aot.example_args("decode", too_many, torch.device("cpu")))
+
+
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
     """A replacement worker: empty Inductor cache, only the restored artifact."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(cfg.checkpoint_dir), str(cold[1]), json.dumps(PROMPTS)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = run_worker(cfg, cold[1], tmp_path / "inductor")
     assert out["mode"] == "aot-loaded"
     assert out["frames"] == 0 and out["graphs"] == 0, "loading must not trace or compile anything"
-    assert "rebuilt at load" not in proc.stderr, "the C++ kernels must come from the artifact"
-    assert out["tokens"] == _greedy_tokens(cold[0].engine)
-    assert out["ready_s"] < 60, out["ready_s"]  # ~10 s here; a cold compile is ~50 s
+    assert "compiled at load" not in stderr, "the C++ kernels must come from the artifact"
+    assert out["tokens"] == cold[0]["tokens"], "the loaded graphs must be the compiled ones"
+    assert out["ready_s"] < 60, out["ready_s"]  # ~8 s here; the cold worker took ~45 s
 
 
 # ---- the key and verification: no compile needed; the cold path is stubbed and observed ------
@@ -182,19 +195,19 @@ def test_key_changes_with_torch_version_and_compile_config(cfg, key, monkeypatch
     assert artifacts.artifact_key(cfg, digest) != key
 
 
-def test_another_torch_version_takes_the_cold_path(cold, cfg, key, tmp_path, monkeypatch, observed, caplog):
+def test_another_torch_version_takes_the_cold_path(cold, loaded, cfg, key, tmp_path, monkeypatch, observed, caplog):
     cache_dir = _copy(cold[1], tmp_path / "aot")
     monkeypatch.setattr("handler.cache.key.torch_version", lambda: "2.14.0+cpu")
     newer = artifacts.artifact_key(cfg, key.weights_digest)
     assert artifacts.check_dir(cache_dir, newer).verdict == Verdict.OTHER_KEY
     with pytest.raises(CompileError) as err:
-        build_steps(cold[0].model, cfg, artifacts_wanted=ArtifactRequest(newer, ArtifactPlaces(cache_dir=cache_dir)))
+        build_steps(loaded.model, cfg, artifacts_wanted=ArtifactRequest(newer, ArtifactPlaces(cache_dir=cache_dir)))
     assert isinstance(err.value.__cause__, ColdPath) and observed["loads"] == 0
     assert "torch_version: '2.13" in caplog.text and "compiling cold" in caplog.text
 
 
 @pytest.mark.parametrize("victim", ["graph", "kernel", "manifest"])
-def test_tampered_artifact_is_rejected_counted_and_never_loaded(cold, cfg, key, tmp_path, observed, victim, caplog):
+def test_tampered_artifact_is_rejected_counted_and_never_loaded(cold, loaded, cfg, key, tmp_path, observed, victim, caplog):
     cache_dir = _copy(cold[1], tmp_path / "aot")
     path = {"graph": cache_dir / "decode-0.bin", "kernel": next((cache_dir / aot.KERNEL_DIR).rglob("*.so")),
             "manifest": cache_dir / MANIFEST_NAME}[victim]
@@ -204,7 +217,7 @@ def test_tampered_artifact_is_rejected_counted_and_never_loaded(cold, cfg, key, 
     rejected = []
     request = ArtifactRequest(key, ArtifactPlaces(cache_dir=cache_dir), on_rejected=lambda: rejected.append(1))
     with pytest.raises(CompileError) as err:
-        build_steps(cold[0].model, cfg, artifacts_wanted=request)
+        build_steps(loaded.model, cfg, artifacts_wanted=request)
     assert isinstance(err.value.__cause__, ColdPath) and observed["loads"] == 0
     assert rejected == [1] and "REJECTED" in caplog.text
 
@@ -240,3 +253,27 @@ def test_inductor_cache_inside_the_artifact_dir_is_refused(tmp_path, monkeypatch
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "aot" / "inductor"))
     with pytest.raises(ValueError, match="inside the compile artifact dir"):
         artifacts.check_layout(ArtifactPlaces(cache_dir=tmp_path / "aot"))
+
+
+def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tmp_path):
+    """archive.sh --aot: the .mar's key (what the sidecar restores by) is the worker's key, and a
+    worker of the unpacked .mar loads the packed artifact instead of compiling."""
+    import zipfile
+
+    import yaml
+
+    from handler.build.cli import main
+    from handler.build.precompile import key_for_mar
+    from handler.serving.config import HandlerConfig
+
+    store = tmp_path / "model_store"
+    assert main(["--checkpoint", str(tiny_checkpoint), "--model-store", str(store), "--dtype", "float32",
+                 "--batch-size", "8", "--max-seq-len", "64", "--aot"]) == 0
+    mar = store / "llm.mar"
+    assert key_for_mar(mar) == key
+    model_dir = tmp_path / "model_dir"
+    zipfile.ZipFile(mar).extractall(model_dir)
+    handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), environ={})
+    places = ArtifactPlaces(bundled_dir=model_dir / artifacts.MAR_ARTIFACT_DIR)
+    loaded = build_engine(handler_cfg.engine_config(model_dir, None), places=places)
+    assert loaded.steps.mode == "aot-loaded" and loaded.steps.artifact_dir == places.bundled_dir

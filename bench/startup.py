@@ -1,0 +1,250 @@
+"""Startup benchmark: wall time from starting TorchServe to the first successful prediction.
+
+    .venv/bin/python bench/startup.py
+
+Three replicas of the default model, each with an empty Inductor cache (TORCHINDUCTOR_CACHE_DIR):
+  eager  `compile: eager`.
+  cold   compiled, no artifact anywhere: the worker compiles at load and installs its artifact in
+         its cache dir, as a first replica does; the artifact is then published to an S3 store
+         (moto on loopback), as the sidecar does when it drains.
+  warm   a replacement instance: the sidecar's restore from S3 into an empty cache dir
+         (handler.cache.sync.restore, timed and included), then TorchServe starts and loads it.
+After each is ready, decode speed is measured on the same server, so "ready" means "serving at
+compiled speed" only if the numbers say so. Writes docs/results/startup.json,
+docs/results/startup.png and the Startup section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
+from loadgen import run_load, summarize  # noqa: E402
+
+from handler.build.archive import build_mar  # noqa: E402
+from handler.build.model_config import ServingOptions  # noqa: E402
+from handler.build.precompile import key_for_mar  # noqa: E402
+from handler.cache import S3Store, make_s3_client, publish_if_new, restore  # noqa: E402
+from handler.engine.artifacts import KEY_FILE_NAME  # noqa: E402
+from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.launcher import Ports, TorchServe, start_torchserve  # noqa: E402
+from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
+
+PROMPT = "Write a short story about a robot who learns to paint."
+TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--decode-tokens", type=int, default=64, help="tokens per request in the decode measurement")
+    p.add_argument("--concurrency", type=int, default=8, help="clients in the batched throughput measurement")
+    return p.parse_args()
+
+
+# ---- one replica ----------------------------------------------------------------------------
+
+def first_prediction(ts: TorchServe, timeout: float = 1800) -> None:
+    """Block until the model is READY and one prediction has succeeded."""
+    deadline = time.monotonic() + timeout
+    ts.wait_ready("llm", timeout)
+    while time.monotonic() < deadline:
+        r = requests.post(f"{ts.inference_url}/predictions/llm", headers=ts.headers(),
+                          json={"prompt": PROMPT, "max_new_tokens": 1}, timeout=600)
+        if r.status_code == 200:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("no successful prediction")
+
+
+def generate_seconds(ts: TorchServe, tokens: int) -> float:
+    start = time.perf_counter()
+    r = requests.post(f"{ts.inference_url}/predictions/llm", headers=ts.headers(),
+                      json={"prompt": PROMPT, "max_new_tokens": tokens, "ignore_eos": True}, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - start
+
+
+def decode_tokens_per_s(ts: TorchServe, n: int, repeats: int = 3) -> float:
+    """One sequence's decode speed: (n - 1) tokens over t(n) - t(1), best of `repeats` (the
+    prefill and the HTTP round trip cancel out; other load on the machine only slows it)."""
+    return max((n - 1) / (generate_seconds(ts, n) - generate_seconds(ts, 1)) for _ in range(repeats))
+
+
+def batched_tokens_per_s(ts: TorchServe, n: int, concurrency: int) -> float:
+    bodies = [{"prompt": PROMPT, "max_new_tokens": n, "ignore_eos": True}] * (2 * concurrency)
+    return summarize(run_load(f"{ts.inference_url}/predictions/llm", ts.headers(), bodies, concurrency, False))["output_tokens_per_s"]
+
+
+def engine_line(workdir: Path) -> str:
+    """The worker's own account of its load ("engine ready: ... compile X s (mode)")."""
+    log = workdir / "logs" / "model_log.log"
+    lines = [ln for ln in log.read_text().splitlines() if "engine ready:" in ln] if log.exists() else []
+    return re.sub(r"^.*engine ready: ", "", lines[-1]) if lines else ""
+
+
+def replica(name: str, store: Path, tmp: Path, args, cache_dir: Path | None, before=None) -> dict:
+    """Time a replica from `before` (the sidecar's restore, if any) through TorchServe's start to
+    its first prediction; then measure decode speed and stop it."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / name / "inductor")}  # empty: no help from local caches
+    if cache_dir is not None:
+        env["TS_LLM_CACHE_DIR"] = str(cache_dir)
+    start = time.monotonic()
+    pre = before() if before is not None else {}
+    started = time.monotonic()
+    ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", tmp / name / "work", Ports.free(), env=env)
+    try:
+        first_prediction(ts)
+        ready = time.monotonic()
+        run = {"ready_s": ready - start, "torchserve_to_first_prediction_s": ready - started, **pre}
+        print(f"{name}: ready in {run['ready_s']:.1f} s", flush=True)
+        run["decode_tokens_per_s_bs1"] = decode_tokens_per_s(ts, args.decode_tokens)
+        run[f"output_tokens_per_s_c{args.concurrency}"] = batched_tokens_per_s(ts, args.decode_tokens, args.concurrency)
+        run["engine"] = engine_line(ts.workdir)
+        found = re.search(r"compile ([\d.]+) s \(([\w-]+)\)", run["engine"])
+        if found:  # the worker's own time to compile or load its steps, and which it did
+            run["engine_compile_s"], run["engine_mode"] = float(found.group(1)), found.group(2)
+        print(f"{name}: {run['decode_tokens_per_s_bs1']:.1f} tok/s at batch 1 | {run['engine']}", flush=True)
+    finally:
+        ts.stop()
+    return run
+
+
+# ---- the three replicas ----------------------------------------------------------------------
+
+def build(checkpoint: Path, store: Path, compile_mode: str) -> Path:
+    handler = {"dtype": "bfloat16", "served_model_name": "llm", "compile": compile_mode}
+    return build_mar(checkpoint, "llm", store, ServingOptions("continuous", 16, 10, handler=handler))
+
+
+def run_all(args, tmp: Path) -> dict:
+    checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
+    eager_store, compiled_store = tmp / "eager" / "model_store", tmp / "compiled" / "model_store"
+    build(checkpoint, eager_store, "eager")
+    mar = build(checkpoint, compiled_store, "inductor")
+    key = key_for_mar(mar)  # what the sidecar restores by, computed before TorchServe starts
+    server = start_moto_server()
+    try:
+        client = make_s3_client(server.endpoint_url, REGION)
+        client.create_bucket(Bucket="startup")
+        s3 = S3Store("startup", "artifacts", client, progress=False)
+        runs = {"eager": replica("eager", eager_store, tmp, args, None)}
+        cold_dir = tmp / "cold" / "cache" / "aot"
+        runs["cold"] = replica("cold", compiled_store, tmp, args, cold_dir)
+        installed = json.loads((cold_dir / KEY_FILE_NAME).read_text())
+        assert installed == key.describe(), f"the worker's key {installed} differs from the .mar's {key.describe()}"
+        runs["cold"]["artifact_mb"] = sum(p.stat().st_size for p in cold_dir.rglob("*") if p.is_file()) / 1e6
+        runs["cold"]["publish"] = str(publish_if_new(s3, key, cold_dir))
+        warm_dir = tmp / "warm" / "cache" / "aot"
+
+        def restore_step() -> dict:
+            start = time.monotonic()
+            outcome = restore(s3, key, warm_dir)
+            return {"restore_s": time.monotonic() - start, "restore": str(outcome)}
+
+        runs["warm"] = replica("warm", compiled_store, tmp, args, warm_dir, before=restore_step)
+    finally:
+        server.stop()
+    return {"runs": runs, "key": key.describe()}
+
+
+def main() -> None:
+    args = parse_args()
+    for name, value in FAKE_AWS_ENV.items():
+        os.environ[name] = value  # moto's fake credentials; nothing leaves loopback
+    for name in CLEARED_AWS_ENV:
+        os.environ.pop(name, None)
+    with tempfile.TemporaryDirectory(prefix="ts-llm-startup-") as tmp:
+        result = run_all(args, Path(tmp))
+    runs = result["runs"]
+    result.update({
+        "model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "max_batch_size": 16, "max_seq_len": 2048,
+        "versions": versions(), "command": ".venv/bin/python bench/startup.py " + " ".join(sys.argv[1:]),
+        "warm_over_cold": runs["warm"]["ready_s"] / runs["cold"]["ready_s"],
+        "warm_over_eager": runs["warm"]["ready_s"] / runs["eager"]["ready_s"], "targets": TARGETS,
+    })
+    result["targets_met"] = {k: result[k] <= v for k, v in TARGETS.items()}
+    write_json("startup.json", result)
+    plot(result, RESULTS / "startup.png")
+    write_section("startup", markdown(result, args))
+    print(json.dumps({k: result[k] for k in ("warm_over_cold", "warm_over_eager", "targets_met")}, indent=1))
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["eager", "cold", "warm"]
+    runs = r["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    restore_s = [runs[n].get("restore_s", 0.0) for n in names]
+    serve_s = [runs[n]["ready_s"] - s for n, s in zip(names, restore_s)]
+    left.barh(names, restore_s, color="tab:orange", label="restore from S3 (sidecar)")
+    left.barh(names, serve_s, left=restore_s, color="tab:blue", label="TorchServe start to first prediction")
+    for i, n in enumerate(names):
+        left.text(runs[n]["ready_s"], i, f" {runs[n]['ready_s']:.1f} s", va="center")
+    left.set_xscale("log")  # the cold bar is minutes, the others seconds
+    left.set_xlabel("seconds to first successful prediction (log scale)")
+    left.set_title(f"warm/cold = {r['warm_over_cold']:.3f}, warm/eager = {r['warm_over_eager']:.2f}")
+    left.legend(loc="lower right", fontsize=8)
+    left.invert_yaxis()
+    conc = next(k for k in runs["eager"] if k.startswith("output_tokens_per_s_c"))
+    x = range(len(names))
+    right.bar([i - 0.2 for i in x], [runs[n]["decode_tokens_per_s_bs1"] for n in names], 0.4, label="batch 1 decode")
+    right.bar([i + 0.2 for i in x], [runs[n][conc] for n in names], 0.4, label=f"{conc.rsplit('_c', 1)[1]} clients")
+    right.set_xticks(list(x), names)
+    right.set_ylabel("tokens/s after ready")
+    right.legend(fontsize=8)
+    fig.suptitle(f"SmolLM2-135M bf16 on TorchServe, {r['versions'].get('machine', '')}, {r['versions'].get('threads')} threads", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(r: dict, args) -> str:
+    runs, v = r["runs"], r["versions"]
+    conc = f"output_tokens_per_s_c{args.concurrency}"
+    rows = "\n".join(
+        f"| {n} | {runs[n]['ready_s']:.1f} | {runs[n].get('restore_s', 0):.2f} | {runs[n]['decode_tokens_per_s_bs1']:.1f} "
+        f"| {runs[n][conc]:.1f} | {runs[n]['engine'].rsplit(', ', 1)[-1] if runs[n]['engine'] else ''} |" for n in ("eager", "cold", "warm"))
+    met = lambda k: "met" if r["targets_met"][k] else "**missed**"  # noqa: E731
+    return f"""## Startup
+
+A replica's wall time from starting TorchServe to its first successful prediction, each with an
+empty Inductor cache. *warm* is a replacement instance: the sidecar's restore of the compiled
+artifact from S3 (moto on loopback) into an empty cache dir is timed and included.
+
+| replica | ready (s) | of which restore (s) | decode tok/s, batch 1 | tok/s, {args.concurrency} clients | worker's load |
+|---|---|---|---|---|---|
+{rows}
+
+- `warm_over_cold` = **{r['warm_over_cold']:.3f}** (target ≤ {TARGETS['warm_over_cold']}: {met('warm_over_cold')}),
+  `warm_over_eager` = **{r['warm_over_eager']:.2f}** (target ≤ {TARGETS['warm_over_eager']}: {met('warm_over_eager')}).
+- Compiled artifact: {runs['cold']['artifact_mb']:.1f} MB (AOT-compiled graphs and their C++ kernels; no weights).
+- The warm replica's time over the eager one's: {runs['warm'].get('restore_s', 0):.1f} s restoring from S3 and
+  {runs['warm'].get('engine_compile_s', float('nan')):.1f} s for the worker to verify and load the compiled steps
+  (eager loads none); the rest (JVM, worker, weights) is the same for both. See "What limits warm/eager" below.
+- Model: SmolLM2-135M-Instruct, bf16, 16 KV-cache slots x 2048 tokens, continuous batching.
+- Versions: torch {v.get('torch')}, TorchServe {v.get('torchserve')}, Python {v.get('python')}; {v.get('machine')}, {v.get('threads')} threads.
+  The machine runs other work too: compare rows of one run, not across runs.
+
+![startup](results/startup.png)
+
+Command: `{r['command'].strip()}` (writes `docs/results/startup.json`).
+"""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Compile artifacts at build time (archive.sh --aot) and the cache key of a built .mar.
+
+The key of a .mar is what a worker serving it computes at load (handler.engine.artifacts), so
+the sidecar can restore the matching artifact before TorchServe starts:
+
+    python -m handler.build.precompile key model_store/llm.mar --out /var/cache/ts-llm/key.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from handler.build.model_config import ServingOptions, model_config
+from handler.cache.key import CacheKey, digest_files
+from handler.engine import aot
+from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
+from handler.engine.checkpoint import load_model, open_checkpoint
+from handler.engine.compile import compile_and_install
+from handler.engine.config import EngineConfig
+from handler.serving.config import HandlerConfig
+
+MODEL_CONFIG = "model-config.yaml"  # where torch-model-archiver puts --config-file in a .mar
+
+
+def engine_config(handler_section: dict, checkpoint_dir: Path, model_yaml: dict | None = None) -> EngineConfig:
+    """The EngineConfig a worker derives from this `handler:` section (the environment and the
+    cache dir play no part in the key)."""
+    cfg = HandlerConfig.from_model_yaml({**(model_yaml or {}), "handler": handler_section}, environ={})
+    return dataclasses.replace(cfg.engine_config(checkpoint_dir.parent, None), checkpoint_dir=checkpoint_dir)
+
+
+def build_artifact(checkpoint_dir: Path, opts: ServingOptions, dest: Path) -> CacheKey:
+    """AOT-compile the engine a worker of this archive would build; install it in dest."""
+    cfg = engine_config(model_config(opts)["handler"], checkpoint_dir, model_config(opts))
+    unsupported = aot.unsupported_reason(cfg)
+    if unsupported is not None:
+        raise ValueError(f"--aot: cannot build artifacts for this configuration: {unsupported}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ckpt = open_checkpoint(checkpoint_dir)
+    key = artifact_key(cfg, digest_files(ckpt.weight_files))
+    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
+    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    compile_and_install(model, cfg, key, dest)
+    return key
+
+
+def key_for_mar(mar: Path) -> CacheKey:
+    """The key a worker serving this .mar on this machine computes, read without unpacking it."""
+    with zipfile.ZipFile(mar) as z:
+        model_yaml = yaml.safe_load(z.read(MODEL_CONFIG)) or {}
+        section = model_yaml.get("handler") or {}
+        checkpoint = section.get("checkpoint", "checkpoint")
+        try:
+            recorded = json.loads(z.read(f"{checkpoint}/{WEIGHTS_DIGEST_FILE}"))
+        except KeyError:
+            raise ValueError(f"{mar} has no {checkpoint}/{WEIGHTS_DIGEST_FILE}; rebuild it with archive.sh") from None
+    cfg = engine_config(section, Path(checkpoint), model_yaml)
+    return artifact_key(cfg, recorded["digest"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m handler.build.precompile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    key = sub.add_parser("key", help="print (or write) the cache key of a .mar on this machine")
+    key.add_argument("mar", type=Path)
+    key.add_argument("--out", type=Path, help="write the key file here (CacheKey.describe() JSON)")
+    args = p.parse_args(argv)
+    try:
+        cache_key = key_for_mar(args.mar)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_key_file(cache_key, args.out)
+    print(json.dumps(cache_key.describe(), indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

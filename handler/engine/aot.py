@@ -1,0 +1,328 @@
+"""Ahead-of-time compiled prefill and decode: compiled once, saved, loaded without tracing.
+
+`torch.compile(...).aot_compile()` captures one graph per call (Dynamo + Inductor, the code a
+first call would produce) into an object that serializes with its guards. A step is a small set
+of such graphs: torch specializes batch 1 (the 0/1 rule), so one graph cannot serve every shape.
+At compile time every shape the Engine can send is enumerated (it pads prompts to PREFILL_PAD
+and attention windows to KV_BUCKET), and a graph is added for each shape no graph accepts yet;
+serving therefore never meets a shape that would need a recompile.
+
+Parameters and KV-cache buffers stay graph inputs, read from the live model at each call (no
+freezing): prefill and decode share one cache, and an artifact holds code, not weights.
+
+On CPU the serialized graphs carry their C++ kernels as source only; compiling those at load
+costs ~30 s on 2 cores. The built kernels (.so) therefore travel in the artifact too and are
+installed into Inductor's kernel cache before the graphs are loaded.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from handler.engine.config import EngineConfig
+from handler.engine.engine import KV_BUCKET, PREFILL_PAD
+from handler.engine.model import Transformer
+
+log = logging.getLogger(__name__)
+
+StepName = Literal["prefill", "decode"]
+STEPS: tuple[StepName, ...] = ("prefill", "decode")
+INDEX_FILE = "graphs.json"
+KERNEL_DIR = "kernels"
+FORMAT = 1  # bump when the layout below changes; it is part of the artifact's cache key
+
+
+class AotError(RuntimeError):
+    """Artifacts cannot be built or loaded; the message names the step, file or shape."""
+
+
+class NoMatchingGraph(AotError):
+    """A call whose shapes no compiled graph accepts: serving it would need a recompile."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    length: int  # T (prompt width) for prefill, kv_len (attention window) for decode
+
+
+# ---- the shapes serving can produce -----------------------------------------------------------
+
+def example_args(step: StepName, shape: Shape, device: torch.device) -> tuple[Any, ...]:
+    """Arguments of model.<step> with this shape (values do not matter to the guards)."""
+    b, n = shape.batch, shape.length
+    if step == "prefill":
+        return (torch.zeros(b, n, dtype=torch.long, device=device), torch.arange(b, device=device),
+                torch.full((b,), n - 1, device=device))
+    return (torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), n - 1, device=device), n)
+
+
+def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
+    """Every shape the Engine can call `step` with: prompts padded to PREFILL_PAD, attention
+    windows to KV_BUCKET, both capped at max_seq_len; 1..max_batch_size sequences."""
+    pad = PREFILL_PAD if step == "prefill" else KV_BUCKET
+    lengths = sorted({min(n, cfg.max_seq_len) for n in range(pad, cfg.max_seq_len + pad, pad)})
+    return [Shape(b, n) for n in lengths for b in range(1, cfg.max_batch_size + 1)]
+
+
+def compile_order(shapes: list[Shape], model_sizes: set[int]) -> list[Shape]:
+    """The shapes, led by two representatives: batch 1 and a batch >= 2 (torch specializes size
+    1), at sizes equal to no dimension of the model. A size that equals one (16 slots, 64 head
+    dims) may get specialized to that value; the coverage loop would stay correct, only compile
+    more graphs."""
+    def generic(values: list[int]) -> int:
+        return next((v for v in values if v not in model_sizes), values[0])
+
+    lengths = sorted({s.length for s in shapes})
+    batches = sorted({s.batch for s in shapes if s.batch >= 2})
+    n = generic(lengths)
+    first = [Shape(1, n)] + ([Shape(generic(batches), n)] if batches else [])
+    return first + [s for s in shapes if s not in first]
+
+
+def model_sizes(model: Transformer) -> set[int]:
+    return {d for t in (*model.parameters(), *model.buffers()) for d in t.shape}
+
+
+# ---- a step: its graphs and the dispatch between them -----------------------------------------
+
+class CompiledStep:
+    """Runs the first graph whose guards accept the call; no graph accepting is an error.
+
+    Callers must not be in inference mode: the guards check each tensor's dispatch keys, and
+    inference tensors lack the autograd key the graphs were captured with.
+    """
+
+    def __init__(self, model: Transformer, step: StepName, graphs: list[Any] | None = None):
+        self.model, self.step = model, step
+        self.graphs: list[Any] = []
+        for graph in graphs or []:
+            self.add(graph)
+
+    def add(self, graph: Any) -> None:
+        # match() checks the guards once; the graph need not check them again on each call.
+        graph.disable_guard_check()
+        self.graphs.append(graph)
+
+    @torch.no_grad()  # grad mode is guarded too: the graphs were captured without grad
+    def match(self, *args: Any) -> Any | None:
+        for graph in self.graphs:
+            if graph.guard_check(self.model, *args):
+                return graph
+        return None
+
+    @torch.no_grad()
+    def __call__(self, *args: Any) -> Tensor:
+        graph = self.match(*args)
+        if graph is None:
+            raise NoMatchingGraph(f"{self.step}: no compiled graph accepts shapes ({_describe(args)}); "
+                                  f"the first one says: {self._first_reason(args)}")
+        return graph(self.model, *args)
+
+    def _first_reason(self, args: tuple[Any, ...]) -> str:
+        if not self.graphs:
+            return "there are no graphs"
+        graph = self.graphs[0]  # its guard manager names the failing guard (private API, error path only)
+        return str(graph._artifacts.guard_manager.check_verbose(graph.prepare_f_locals(self.model, *args)))
+
+
+def _describe(args: tuple[Any, ...]) -> str:
+    return ", ".join(str(tuple(a.shape)) if isinstance(a, Tensor) else repr(a) for a in args)
+
+
+@dataclass
+class AotSteps:
+    prefill: CompiledStep
+    decode: CompiledStep
+    examples: dict[str, list[Shape]] = field(default_factory=dict)  # each graph's example shape
+
+    def step(self, name: StepName) -> CompiledStep:
+        return self.prefill if name == "prefill" else self.decode
+
+
+# ---- compiling --------------------------------------------------------------------------------
+
+def unsupported_reason(cfg: EngineConfig) -> str | None:
+    """Why this configuration cannot use AOT artifacts, or None when it can."""
+    if cfg.compile != "inductor":
+        return f"compile={cfg.compile}"
+    if torch.device(cfg.device).type != "cpu":
+        return "AOT artifacts are built and tested on CPU only (CUDA compiles at each start)"
+    if cfg.freezing:
+        # Frozen weights become constants of the graph: the artifact would carry the weights,
+        # and torch 2.13's aot_compile cannot serialize frozen graphs.
+        return "freezing: true (frozen graphs cannot be saved; set freezing: false)"
+    return None
+
+
+def compile_steps(model: Transformer, cfg: EngineConfig) -> AotSteps:
+    """AOT-compile prefill and decode so that every serving shape has a graph."""
+    reason = unsupported_reason(cfg)
+    if reason is not None:
+        raise AotError(f"cannot AOT-compile: {reason}")
+    examples: dict[str, list[Shape]] = {}
+    steps = {}
+    for name in STEPS:
+        steps[name], examples[name] = _compile_step(model, name, cfg)
+    return AotSteps(steps["prefill"], steps["decode"], examples)
+
+
+def _compile_step(model: Transformer, name: StepName, cfg: EngineConfig) -> tuple[CompiledStep, list[Shape]]:
+    device = torch.device(cfg.device)
+    step, examples = CompiledStep(model, name), []
+    for shape in compile_order(serving_shapes(name, cfg), model_sizes(model)):
+        args = example_args(name, shape, device)
+        if step.match(*args) is not None:
+            continue
+        start = time.perf_counter()
+        step.add(_aot_compile(getattr(model, name), args, cfg))
+        examples.append(shape)
+        log.info("aot: compiled %s graph %d (example batch %d, length %d) in %.1f s", name, len(examples),
+                 shape.batch, shape.length, time.perf_counter() - start)
+    return step, examples
+
+
+def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig) -> Any:
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, options={"max_autotune": cfg.max_autotune})
+    # Module floats (norm eps) would be traced as symbols: plain torch.compile then restarts and
+    # specializes them, aot_compile cannot restart, so they are specialized up front.
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+        return compiled.aot_compile((args, {}))
+
+
+@contextmanager
+def private_kernel_cache() -> Iterator[Path]:
+    """Point Inductor at an empty cache for the duration, so the C++ libraries built inside are
+    exactly this compile's (save_artifacts packs them): its kernels and, in a process that has
+    not compiled before (a worker, archive.sh), Inductor's CPU feature probes, which a loading
+    worker would otherwise compile again. Removed on exit: loaded libraries stay mapped."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with tempfile.TemporaryDirectory(prefix="ts-llm-aot-") as tmp, temporary_cache_dir(tmp):
+        yield Path(tmp)
+
+
+# ---- saving and loading -----------------------------------------------------------------------
+
+def save_artifacts(steps: AotSteps, out_dir: Path, kernel_cache: Path | None) -> list[Path]:
+    """Write each graph, the kernels built into `kernel_cache` (see private_kernel_cache) and an
+    index into out_dir (which must be empty or absent). Returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if any(out_dir.iterdir()):
+        raise AotError(f"{out_dir} is not empty; artifacts go into a fresh directory")
+    index: dict[str, Any] = {"format": FORMAT, "steps": {}, "kernels": []}
+    for name in STEPS:
+        entries = []
+        for i, (graph, shape) in enumerate(zip(steps.step(name).graphs, steps.examples[name], strict=True)):
+            path = out_dir / f"{name}-{i}.bin"
+            graph.save_compiled_function(str(path))
+            entries.append({"file": path.name, "batch": shape.batch, "length": shape.length})
+        index["steps"][name] = entries
+    if kernel_cache is not None:
+        index["kernels"] = _pack_kernels(kernel_cache, out_dir / KERNEL_DIR)
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
+    return sorted(p for p in out_dir.rglob("*") if p.is_file())
+
+
+def _pack_kernels(cache: Path, dest: Path) -> list[str]:
+    """Copy every built C++ kernel library; their names are Inductor's cache keys."""
+    names = []
+    for so in sorted(cache.rglob("*.so")):
+        rel = so.relative_to(cache).as_posix()
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(so, dest / rel)
+        names.append(rel)
+    return names
+
+
+# Inductor settings while loading: they change no kernel's cache key or code, only skip work a
+# load with prebuilt kernels does not need.
+LOAD_CONFIG = {
+    # Probing each vector ISA with a test compile and a dlopen in a subprocess (~6 s on 2 cores
+    # in a fresh container). The artifact's key holds this CPU's feature flags, so the machine
+    # that built it, and passed those probes, had exactly these.
+    "cpp.vec_isa_ok": True,
+}
+
+
+def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
+    """Load verified artifacts (the caller checked them against their manifest) onto `model`."""
+    index = read_index(art_dir)
+    installed = install_kernels(art_dir / KERNEL_DIR, index["kernels"])
+    before = _kernel_libraries()
+    with torch._inductor.config.patch(LOAD_CONFIG):
+        steps = {name: CompiledStep(model, name, [_load_graph(art_dir / e["file"]) for e in index["steps"][name]])
+                 for name in STEPS}
+    built = len(_kernel_libraries() - before)
+    if built:
+        # Inductor's kernel key includes the compiler command line (include paths of this Python
+        # and torch): an artifact built under another install path misses and compiles here.
+        log.warning("aot: %d C++ libraries the artifact did not carry were compiled at load (it was built "
+                    "under another Python/torch install path, or in a process that had compiled before); "
+                    "build it where it is served to load in seconds", built)
+    examples = {name: [Shape(e["batch"], e["length"]) for e in index["steps"][name]] for name in STEPS}
+    log.info("aot: loaded %s from %s (%d kernels installed)",
+             ", ".join(f"{len(steps[n].graphs)} {n} graphs" for n in STEPS), art_dir, installed)
+    return AotSteps(steps["prefill"], steps["decode"], examples)
+
+
+def read_index(art_dir: Path) -> dict[str, Any]:
+    try:
+        index = json.loads((art_dir / INDEX_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise AotError(f"{art_dir / INDEX_FILE}: cannot read the artifact index ({err})") from err
+    if index.get("format") != FORMAT:
+        raise AotError(f"{art_dir / INDEX_FILE}: format {index.get('format')!r}, this build reads {FORMAT}")
+    names = [e["file"] for n in STEPS for e in index["steps"][n]] + list(index["kernels"])
+    for name in names:
+        if not _inside(name):
+            raise AotError(f"{art_dir / INDEX_FILE}: {name!r} is not a relative path inside the artifact")
+    return index
+
+
+def _inside(rel: str) -> bool:
+    parts = Path(rel).parts
+    return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
+
+
+def install_kernels(src: Path, names: list[str]) -> int:
+    """Copy kernel libraries into Inductor's cache under their own names; existing ones are
+    kept (same name, same source and flags). Each copy lands by rename: a concurrent worker
+    never sees half a library."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root, copied = Path(cache_dir()), 0
+    for rel in names:
+        target = root / rel
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".aot-", dir=target.parent)
+        os.close(fd)
+        shutil.copyfile(src / rel, tmp)
+        os.replace(tmp, target)
+        copied += 1
+    return copied
+
+
+def _kernel_libraries() -> set[Path]:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return set(Path(cache_dir()).glob("*/*.so"))
+
+
+def _load_graph(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return torch.compiler.load_compiled_function(f)

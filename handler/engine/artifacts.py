@@ -1,0 +1,201 @@
+"""Which compiled artifacts a worker may load: the cache key, verified lookup, installation.
+
+An artifact directory holds handler.engine.aot's files plus handler.cache's manifest, which
+names the artifact's key and the SHA-256 of every file. It gets there three ways: the sidecar
+restores it from the store, archive.sh packs it into the .mar, or a worker installs it after a
+cold compile (and the sidecar publishes it). A worker loads one only when the key is its own
+and every file matches the manifest: the files are code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from handler.cache.errors import ArtifactVerificationError
+from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
+from handler.cache.key import CacheKey, current_key, digest_files
+from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
+from handler.engine import aot
+from handler.engine.checkpoint import Checkpoint
+from handler.engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_DIGEST_FILE = "weights-digest.json"  # beside the weights; written by archive.sh
+MAR_ARTIFACT_DIR = "aot"  # the artifact folder inside a .mar (archive.sh --aot)
+# Inside each artifact, listed in its manifest: the sidecar's default key file (its
+# KEY_FILE_NAME), so after a cold compile it finds the key of what it publishes.
+KEY_FILE_NAME = "cache-key.json"
+
+
+# ---- the key ----------------------------------------------------------------------------------
+
+def write_weights_digest(ckpt: Checkpoint, dest_dir: Path) -> str:
+    """Hash the weights once, at build time, so workers need not re-read them at each start."""
+    digest = digest_files(ckpt.weight_files)
+    files = {p.name: p.stat().st_size for p in ckpt.weight_files}
+    _write_atomic(dest_dir / WEIGHTS_DIGEST_FILE, json.dumps({"digest": digest, "files": files}, indent=1))
+    return digest
+
+
+def weights_digest(ckpt: Checkpoint) -> str:
+    """The digest archive.sh recorded, if it still describes these files (names and sizes, a
+    stat-only check); otherwise hash the weights now."""
+    recorded = _recorded_digest(ckpt)
+    if recorded is not None:
+        return recorded
+    log.info("hashing the weights (no valid %s beside them; archive.sh writes one)", WEIGHTS_DIGEST_FILE)
+    return digest_files(ckpt.weight_files)
+
+
+def _recorded_digest(ckpt: Checkpoint) -> str | None:
+    try:
+        doc = json.loads((ckpt.path / WEIGHTS_DIGEST_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable %s: %s", WEIGHTS_DIGEST_FILE, err)
+        return None
+    actual = {p.name: p.stat().st_size for p in ckpt.weight_files}
+    if doc.get("files") != actual or not isinstance(doc.get("digest"), str):
+        log.warning("ignoring %s: it describes %s, the checkpoint has %s", WEIGHTS_DIGEST_FILE, doc.get("files"), actual)
+        return None
+    return doc["digest"]
+
+
+def artifact_config(cfg: EngineConfig) -> dict:
+    """Everything besides versions, device and weights that the compiled code depends on."""
+    return {"engine": cfg.compile_signature(), "aot_format": aot.FORMAT, "cpu_flags": cpu_flags_digest()}
+
+
+def cpu_flags_digest() -> str:
+    """Digest of the CPU's feature flags. Inductor builds C++ kernels with -march=native, so a
+    kernel may use any instruction this CPU has; "AVX512" alone does not say which ones."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"unknown:{platform.processor()}"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return hashlib.sha256(" ".join(sorted(set(flags))).encode()).hexdigest()[:16]
+
+
+def artifact_key(cfg: EngineConfig, weights: str) -> CacheKey:
+    return current_key(weights, artifact_config(cfg), cfg.device)
+
+
+def write_key_file(key: CacheKey, path: Path) -> None:
+    """The key as the sidecar reads it (CacheKey.describe() JSON)."""
+    _write_atomic(path, json.dumps(key.describe(), indent=1, sort_keys=True))
+
+
+# ---- lookup -----------------------------------------------------------------------------------
+
+class Verdict(StrEnum):
+    VERIFIED = "verified"
+    ABSENT = "absent"  # no artifact there (no manifest)
+    OTHER_KEY = "other_key"  # an artifact built for something else: torch, config, weights, CPU
+    REJECTED = "rejected"  # the files do not match the manifest: never loaded
+
+
+@dataclass(frozen=True)
+class Checked:
+    path: Path
+    verdict: Verdict
+    detail: str = ""
+
+
+def check_dir(path: Path, key: CacheKey) -> Checked:
+    """Is `path` a complete, untampered artifact for `key`? Hashes every file."""
+    try:
+        manifest = Manifest.from_json((path / MANIFEST_NAME).read_bytes())
+    except FileNotFoundError:
+        return Checked(path, Verdict.ABSENT)
+    except ArtifactVerificationError as err:
+        return Checked(path, Verdict.REJECTED, str(err))
+    if manifest.key_digest != key.digest():
+        return Checked(path, Verdict.OTHER_KEY, _key_difference(manifest.key, key))
+    if manifest.key != key.describe():
+        return Checked(path, Verdict.REJECTED, "manifest key fields do not match its digest")
+    try:
+        verify_dir(path, manifest)
+    except ArtifactVerificationError as err:
+        return Checked(path, Verdict.REJECTED, str(err))
+    return Checked(path, Verdict.VERIFIED)
+
+
+def _key_difference(theirs: dict, ours: CacheKey) -> str:
+    mine = ours.describe()
+    fields = [f"{k}: {theirs.get(k)!r} != {v!r}" for k, v in mine.items() if k != "digest" and theirs.get(k) != v]
+    return "; ".join(fields) or f"digest {theirs.get('digest')!r} != {ours.digest()!r}"
+
+
+@dataclass(frozen=True)
+class ArtifactPlaces:
+    cache_dir: Path | None = None  # restored by the sidecar; a cold compile installs its artifact here
+    bundled_dir: Path | None = None  # packed into the .mar by archive.sh --aot
+
+    def search(self) -> list[Path]:
+        return [p for p in (self.cache_dir, self.bundled_dir) if p is not None]
+
+
+def check_layout(places: ArtifactPlaces) -> None:
+    """Refuse Inductor's own cache inside the artifact dir: installing an artifact replaces that
+    dir wholesale, and any file the manifest does not list fails verification."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if places.cache_dir is None:
+        return
+    art, inductor = places.cache_dir.resolve(), Path(cache_dir()).resolve()
+    if inductor == art or art in inductor.parents:
+        raise ValueError(f"TORCHINDUCTOR_CACHE_DIR {inductor} is inside the compile artifact dir {art}; "
+                         "give them separate directories (e.g. <volume>/aot and <volume>/inductor)")
+
+
+def log_check(checked: Checked, key: CacheKey, on_rejected: Callable[[], None] | None) -> None:
+    if checked.verdict == Verdict.REJECTED:
+        log.error("compile artifacts REJECTED at %s: %s; not loaded", checked.path, checked.detail)
+        if on_rejected is not None:
+            on_rejected()
+    elif checked.verdict == Verdict.OTHER_KEY:
+        log.warning("compile artifacts at %s were built for another key (%s); this worker needs %s",
+                    checked.path, checked.detail, key.digest())
+
+
+@contextmanager
+def holding(places: ArtifactPlaces) -> Iterator[None]:
+    """Hold the cache dir's install lock (the one the sidecar's restore takes) from lookup to
+    install: files cannot be swapped between verification and load, and workers starting
+    together compile once: the others wait, then load what the first installed."""
+    with install_lock(places.cache_dir) if places.cache_dir is not None else nullcontext():
+        yield
+
+
+# ---- installing -------------------------------------------------------------------------------
+
+def install(write: Callable[[Path], object], key: CacheKey, dest_dir: Path) -> None:
+    """Let `write` fill a staging dir, add the manifest for `key`, then rename it to dest_dir:
+    the layout of a restore from the store, so the sidecar can publish it, and a reader never
+    sees a half-written artifact. Call it holding the lock (see `holding`)."""
+    clear_leftovers(dest_dir)
+    with staging_dir(dest_dir) as staged:
+        write(staged)
+        manifest = build_manifest(staged, key.describe())
+        (staged / MANIFEST_NAME).write_bytes(manifest.to_json())
+        replace_dir(staged, dest_dir)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
