@@ -143,7 +143,9 @@ def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: Mo
             "drain_margin_s": 3, "publish_reserve_s": 3, "stop_reserve_s": 5, "quiet_s": 1.0,
             "quiet_polls": 2, "signal_grace_s": args.deadline_s, "drain_flag_file": str(flag),
             "cache_store": f"s3://{BUCKET}/{PREFIX}", "cache_dir": str(work / "compile-cache"),
-            "aws_endpoint_url": moto.endpoint_url, "aws_region": "us-east-1"}
+            "aws_endpoint_url": moto.endpoint_url, "aws_region": "us-east-1",
+            # Measure the drain-time publish: with publish-after-start the artifact would already be up.
+            "publish_after_start": False}
 
 
 def run_spot(args: argparse.Namespace, phase: SpotPhase, ts: TorchServe, sidecar: Sidecar,

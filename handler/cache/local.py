@@ -72,4 +72,5 @@ class LocalStore(BlobStore):
             raise ArtifactNotFound(f"{e.filename} not found in {self.describe()}") from e
         except PermissionError as e:
             raise StoreUnavailable(f"{self.describe()} is not accessible ({e}): fix its permissions "
-                                   "or set cache.local_dir") from e
+                                   "or point --cache-store (cache_store) at a directory this "
+                                   "process may read and write") from e

@@ -193,15 +193,16 @@ class S3Store(BlobStore):
                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or attach an instance role") from e
         except (BotoConnectionError, HTTPClientError, RetriesExceededError) as e:
             raise StoreUnavailable(
-                f"cannot reach S3 endpoint {self.endpoint} ({e}): check cache.s3_endpoint_url "
-                "and the network") from e
+                f"cannot reach S3 endpoint {self.endpoint} ({e}): check the network and the "
+                "endpoint override (--aws-endpoint-url / aws_endpoint_url; unset means AWS S3)") from e
 
     def _client_error(self, e: ClientError, name: str | None) -> CacheStoreError:
         code = _code(e)
         message = e.response.get("Error", {}).get("Message", "")
         if code == "NoSuchBucket" or (name is None and code in _MISSING_CODES):
             return StoreUnavailable(f"bucket '{self.bucket}' does not exist at endpoint {self.endpoint}: "
-                                    "create it or set cache.s3_bucket")
+                                    "create it or fix the bucket in --cache-store "
+                                    "s3://BUCKET/PREFIX (cache_store)")
         if code in _MISSING_CODES:
             return ArtifactNotFound(f"{self._key(name or '')} not found in {self.describe()}")
         if code in _CREDENTIAL_CODES:
@@ -211,7 +212,8 @@ class S3Store(BlobStore):
                 "may s3:GetObject, s3:PutObject and s3:ListBucket on it")
         if code in _REGION_CODES:
             return StoreUnavailable(f"bucket '{self.bucket}' is in another region than the client's "
-                                    f"({code} {message}): set cache.s3_region")
+                                    f"({code} {message}): set --aws-region (aws_region) or "
+                                    "AWS_DEFAULT_REGION to the bucket's region")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if status >= 500:
             return StoreUnavailable(f"S3 endpoint {self.endpoint} failed ({code} {message}); "

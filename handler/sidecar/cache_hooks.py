@@ -1,4 +1,4 @@
-"""The seam to `handler.cache`: restore, publish, and the drain's publisher.
+"""The seam to `handler.cache`: restore, publish, and the sidecar's publisher.
 
 `handler.cache.sync.restore(store, key, dest_dir, log)` and `publish_if_new(store, key, src_dir)`
 take an ArtifactStore and a CacheKey. From the command line and the sidecar config those arrive
@@ -6,8 +6,20 @@ as text: the store as a URI (`s3://bucket/prefix`, or a local directory) and the
 of a JSON file holding `CacheKey.describe()`.
 
 The key-file contract: whoever compiles writes `cache-key.json` into the cache directory next
-to the artifacts (config.KEY_FILE_NAME). No key file means nothing was compiled here, so there
-is nothing to publish; for a restore, no key means nothing to look up (a cold start).
+to the artifacts (config.KEY_FILE_NAME); in a pod, an init step writes the same file from the
+.mar before the restore (`python -m handler.build.precompile key MAR --out FILE`). No key file
+means nothing to look up (restore: a cold start) and nothing to publish.
+
+What is published is the artifact in the cache directory. With the manifest that a restore or
+a worker's install put there (`.artifact-manifest.json`), it must be that manifest's files for
+the key in the key file; one whose files or key disagree with its manifest is refused with an
+ArtifactDirError, and so is a directory holding a symlink. A directory with nothing but the key
+file (the pod's key step wrote it, and the worker loaded the .mar's own artifact) or nothing at
+all has nothing to publish.
+
+The restore runs in its own process (an init container), so its counters cannot live on the
+watching sidecar's registry directly: it writes them to a small record beside the cache dir
+(`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start.
 """
 
 from __future__ import annotations
@@ -15,14 +27,30 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import tempfile
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
 
-from handler.sidecar.drain import CachePublisher
+from prometheus_client import CollectorRegistry
+
+from handler.sidecar.config import KEY_FILE_NAME
 from handler.sidecar.errors import ConfigError, SidecarError
 
 log = logging.getLogger(__name__)
+# The one line of the publish after start comes from handler.cache.sync, under this name.
+after_start_log = logging.getLogger("handler.sidecar.publish_after_start")
+
+NO_KEY = "no_key"  # no key file: not an error, nothing to do
+NO_ARTIFACT = "no_artifact"  # a key but no installed artifact in the cache dir: nothing to publish
+ERROR = "error"  # the publish after start failed in a way that is not store_unavailable
+
+
+class ArtifactDirError(SidecarError):
+    """The cache dir holds something that must not be published; the message says what."""
 
 
 def cache_package() -> types.ModuleType:
@@ -41,15 +69,22 @@ def _import(name: str) -> types.ModuleType:
         raise ConfigError(f"handler.cache.sync is not available ({err})") from err
 
 
-def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None) -> Any:
+def cache_metrics(registry: CollectorRegistry | None = None) -> Any:
+    """The store's counters (rejected artifacts, downloads) registered in `registry`."""
+    return cache_package().CacheMetrics.create(registry)
+
+
+def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None,
+               metrics: Any = None) -> Any:
+    """`metrics`: a CacheMetrics to count in (the sidecar's registry); None: a private one."""
     cache = cache_package()
     if uri.startswith("s3://"):
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         if not bucket:
             raise ConfigError(f"cache store {uri!r} has no bucket")
         return cache.S3Store(bucket, prefix, cache.make_s3_client(endpoint_url, region),
-                             progress=False)
-    return cache.LocalStore(Path(uri.removeprefix("file://")), progress=False)
+                             metrics=metrics, progress=False)
+    return cache.LocalStore(Path(uri.removeprefix("file://")), metrics=metrics, progress=False)
 
 
 def load_key(path: Path) -> Any:
@@ -62,46 +97,195 @@ def load_key(path: Path) -> Any:
                           ) from err
 
 
-NO_KEY = "no_key"  # the outcome when there is no key file: not an error, nothing to do
+# ---- restore, and its record for the sidecar's /metrics
+
+def restore_record_path(cache_dir: Path) -> Path:
+    """Beside the cache dir, like the install lock: never inside the artifact."""
+    return cache_dir.parent / f".{cache_dir.name}.restore.json"
 
 
 def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
             region: str | None = None) -> str:
     sync = sync_module()
-    store = open_store(store_uri, endpoint_url, region)
+    # This process ends after the restore: the record carries its counts to the sidecar.
+    registry = CollectorRegistry()
+    store = open_store(store_uri, endpoint_url, region, cache_metrics(registry))
     if not key_path.exists():
         log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
                     key_path)
-        return NO_KEY
-    return str(sync.restore(store, load_key(key_path), dest_dir, log))
+        outcome = NO_KEY
+    else:
+        outcome = str(sync.restore(store, load_key(key_path), dest_dir, log))
+    _write_restore_record(dest_dir, outcome, registry)
+    return outcome
+
+
+def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegistry) -> None:
+    def count(name: str) -> int:
+        return int(registry.get_sample_value(name) or 0)
+
+    record = {"outcome": outcome, "epoch": time.time(),
+              "rejected": count("ts_llm_cache_artifacts_rejected_total"),
+              "downloads": count("ts_llm_cache_artifact_downloads_total")}
+    path = restore_record_path(dest_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError as err:  # the restore itself worked; only its metrics are lost
+        log.warning("cannot write the restore record %s (%s): the sidecar will not export "
+                    "this restore's outcome", path, err)
+
+
+def read_restore_record(cache_dir: Path) -> dict[str, Any] | None:
+    """The last restore's record, or None when there is none (no restore ran) or it is
+    unreadable (logged)."""
+    path = restore_record_path(cache_dir)
+    try:
+        record = json.loads(path.read_text())
+        return {"outcome": str(record["outcome"]), "rejected": int(record["rejected"]),
+                "downloads": int(record["downloads"])}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("ignoring the unreadable restore record %s: %s", path, err)
+        return None
+
+
+# ---- publish
+
+def publishable_key(key_path: Path, src_dir: Path) -> tuple[str | None, Any]:
+    """(None, key) when src_dir holds an artifact to publish under the key in key_path, else
+    (NO_KEY or NO_ARTIFACT, None). Hashes nothing: the store hashes what it uploads.
+
+    With an installed manifest (a restore's or a worker's install), the files must be exactly
+    the ones it lists, with their sizes, and its key the key file's. Without one, any file
+    besides the key file is an artifact (a directory filled by hand), and a directory holding
+    nothing else (the pod's key step's file only) has nothing to publish. Raises
+    ArtifactDirError when src_dir holds something that must not be published, and ConfigError
+    when the key file is not one."""
+    if not key_path.exists():
+        return NO_KEY, None
+    key = load_key(key_path)
+    manifest_mod = _import("handler.cache.manifest")
+    errors = _import("handler.cache.errors")
+    try:
+        present = dict(manifest_mod.artifact_files(src_dir))
+    except ValueError as err:  # a symlink
+        raise ArtifactDirError(f"{err}: not published") from err
+    except OSError as err:
+        raise ArtifactDirError(f"cannot list {src_dir}: {err}") from err
+    manifest_path = src_dir / manifest_mod.MANIFEST_NAME
+    try:
+        manifest = manifest_mod.Manifest.from_json(manifest_path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        manifest = None
+    except OSError as err:
+        raise ArtifactDirError(f"cannot read {manifest_path}: {err}") from err
+    except errors.ArtifactVerificationError as err:
+        raise ArtifactDirError(f"{src_dir} holds an unusable manifest ({err}): not published"
+                               ) from err
+    if manifest is None:
+        return (NO_ARTIFACT, None) if set(present) <= {KEY_FILE_NAME} else (None, key)
+    if manifest.key_digest != key.digest():
+        raise ArtifactDirError(
+            f"the artifact in {src_dir} was built for key {manifest.key_digest}, but {key_path} "
+            f"holds key {key.digest()}: not published under the wrong key")
+    listed = {entry.path: entry for entry in manifest.files}
+    odd = sorted(present.keys() ^ listed.keys())
+    if not listed or odd:
+        what = f"{odd[0]} is {'not in' if odd and odd[0] in present else 'missing from'} it" \
+            if odd else "it lists no files"
+        raise ArtifactDirError(f"{src_dir} does not match its manifest ({what}): not published")
+    for rel, entry in listed.items():
+        if present[rel].stat().st_size != entry.size:
+            raise ArtifactDirError(f"{src_dir} does not match its manifest ({rel}: size "
+                                   f"{present[rel].stat().st_size} != {entry.size}): "
+                                   "not published")
+    return None, key
 
 
 def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | None = None,
             region: str | None = None) -> str:
+    """`ts-llm-sidecar publish`. Raises ArtifactDirError for a cache dir with no artifact to
+    publish (the command was asked to publish one) or one that must not be published."""
     sync = sync_module()
     store = open_store(store_uri, endpoint_url, region)
-    if not key_path.exists():
-        log.warning("no cache key at %s: nothing compiled here, nothing to publish", key_path)
+    missing, key = publishable_key(key_path, src_dir)
+    if missing == NO_KEY:
+        log.warning("%s", nothing_to_publish(missing, key_path, src_dir))
         return NO_KEY
-    return str(sync.publish_if_new(store, load_key(key_path), src_dir))
+    if missing == NO_ARTIFACT:
+        raise ArtifactDirError(nothing_to_publish(missing, key_path, src_dir))
+    return _publish_if_new(sync, store, key, src_dir, log)
+
+
+def nothing_to_publish(missing: str, key_path: Path, src_dir: Path) -> str:
+    if missing == NO_KEY:
+        return f"no cache key at {key_path}: nothing compiled here, nothing to publish"
+    return (f"no artifact in {src_dir} (no files besides {KEY_FILE_NAME}; a restore or a "
+            "worker's cold compile installs one): nothing to publish")
+
+
+def _publish_if_new(sync: types.ModuleType, store: Any, key: Any, src_dir: Path,
+                    logger: logging.Logger) -> str:
+    try:
+        return str(sync.publish_if_new(store, key, src_dir, logger))
+    except ValueError as err:  # changed under us since the check: empty, or a symlink
+        raise ArtifactDirError(f"{err}: not published") from err
+    except OSError as err:  # a file vanished or is unreadable (store errors are CacheStoreError)
+        raise ArtifactDirError(f"publishing {src_dir} failed: {err}") from err
+
+
+class Publisher:
+    """The sidecar's publisher: the drain's CachePublisher (called with publish_by) and the
+    one publish after TorchServe is first ready. The store is opened now, so a missing cache
+    package or a bad URI fails at start-up; the key file is read at publish time, because a
+    cold start writes it only once something has been compiled. One publish at a time: a
+    drain that starts while the publish after start uploads waits for it, then finds the
+    artifact present."""
+
+    def __init__(self, store_uri: str, key_path: Path, src_dir: Path,
+                 endpoint_url: str | None = None, region: str | None = None,
+                 metrics: Any = None) -> None:
+        self.store_uri, self.key_path, self.src_dir = store_uri, key_path, src_dir
+        self._sync = sync_module()
+        self._store = open_store(store_uri, endpoint_url, region, metrics)
+        self._lock = threading.Lock()
+
+    def __call__(self, publish_by: float) -> bool:
+        # publish_if_new takes no deadline; the drain abandons it at publish_by instead.
+        with self._lock:
+            missing, key = publishable_key(self.key_path, self.src_dir)
+            if missing is not None:
+                log.warning("%s", nothing_to_publish(missing, self.key_path, self.src_dir))
+                return False
+            outcome = _publish_if_new(self._sync, self._store, key, self.src_dir, log)
+        if outcome == "store_unavailable":
+            raise SidecarError(f"cache store {self.store_uri} unavailable; not published")
+        return outcome == "published"
+
+    def publish_after_start(self) -> str:
+        """Publish once if the cache dir holds an artifact the store lacks (a cold start
+        compiled it). Logs one line; returns the outcome: published, already_present,
+        store_unavailable, no_key, no_artifact or error. Never raises."""
+        try:
+            with self._lock:
+                missing, key = publishable_key(self.key_path, self.src_dir)
+                if missing is not None:
+                    after_start_log.info("compile cache after start: %s",
+                                         nothing_to_publish(missing, self.key_path, self.src_dir))
+                    return missing
+                return _publish_if_new(self._sync, self._store, key, self.src_dir,
+                                       after_start_log)
+        except Exception as err:  # noqa: BLE001 - a background thread: report, never raise
+            after_start_log.error("compile cache: not published after start: %s: %s",
+                                  type(err).__name__, err)
+            return ERROR
 
 
 def publisher(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | None = None,
-              region: str | None = None) -> CachePublisher:
-    """The drain's publisher. The store is opened now, so a missing cache package or a bad
-    URI fails at start-up; the key file is read at publish time, because it is written only
-    once something has been compiled."""
-    sync = sync_module()
-    store = open_store(store_uri, endpoint_url, region)
-
-    def publish_before(publish_by: float) -> bool:
-        # publish_if_new takes no deadline; the drain abandons it at publish_by instead.
-        if not key_path.exists():
-            log.warning("no cache key at %s: nothing compiled here, nothing to publish", key_path)
-            return False
-        outcome = str(sync.publish_if_new(store, load_key(key_path), src_dir))
-        if outcome == "store_unavailable":
-            raise SidecarError(f"cache store {store_uri} unavailable; not published")
-        return outcome == "published"
-
-    return publish_before
+              region: str | None = None, metrics: Any = None) -> Publisher:
+    return Publisher(store_uri, key_path, src_dir, endpoint_url, region, metrics)

@@ -93,9 +93,14 @@ def run_restore(args: argparse.Namespace) -> int:
 
 def run_publish(args: argparse.Namespace) -> int:
     config = _cache_config(config_from_args(args))
-    outcome = cache_hooks.publish(str(config.cache_store), _key(config),
-                                  Path(str(config.cache_dir)), config.aws_endpoint_url,
-                                  config.aws_region)
+    try:
+        outcome = cache_hooks.publish(str(config.cache_store), _key(config),
+                                      Path(str(config.cache_dir)), config.aws_endpoint_url,
+                                      config.aws_region)
+    except cache_hooks.ArtifactDirError as err:
+        # Nothing to publish, or something that must not be: one line, no traceback.
+        log.error("cache publish: %s", err)
+        return 1
     log.info("cache publish: %s", outcome)
     return 1 if outcome == "store_unavailable" else 0
 

@@ -72,6 +72,8 @@ class SidecarConfig:
     drain_margin_s: float = _f(5.0, "finish the drain this long before the deadline")
     publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
     stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe")
+    min_wait_s: float = _f(5.0, "the in-flight wait keeps at least this long; a short notice "
+                                "shrinks the publish reserve first")
     quiet_s: float = _f(1.0, "in-flight must read 0 this long before the wait ends")
     quiet_polls: int = _f(2, "...and on this many polls in a row (backend metrics lag)")
     drain_flag_file: str | None = _f(None, "created when the drain starts; the handler's "
@@ -85,6 +87,9 @@ class SidecarConfig:
     cache_dir: str | None = _f(None, "local compile cache directory")
     cache_key: str | None = _f(None, "cache key JSON (CacheKey.describe()); default: "
                                      f"<cache_dir>/{KEY_FILE_NAME}")
+    publish_after_start: bool = _f(True, "with a cache store, publish once when TorchServe is "
+                                         "first ready (a cold start's artifact reaches the "
+                                         "store then); the drain publishes regardless")
     # Sidecar HTTP server
     listen_host: str = _f("0.0.0.0", "address of /ready, /live, /metrics, /drain")
     listen_port: int = _f(8090, "port of /ready, /live, /metrics, /drain (0 = any free port)")
@@ -98,8 +103,8 @@ class SidecarConfig:
     webhook_url: str | None = _f(None, "POST the notice here as JSON on notice")
 
     def __post_init__(self) -> None:
-        for name in ("drain_margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s",
-                     "signal_grace_s", "http_timeout_s"):
+        for name in ("drain_margin_s", "publish_reserve_s", "stop_reserve_s", "min_wait_s",
+                     "quiet_s", "signal_grace_s", "http_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.poll_interval_s <= 0:
@@ -127,7 +132,8 @@ class SidecarConfig:
     def drain_policy(self) -> DrainPolicy:
         return DrainPolicy(margin_s=self.drain_margin_s,
                            publish_reserve_s=self.publish_reserve_s,
-                           stop_reserve_s=self.stop_reserve_s, quiet_s=self.quiet_s,
+                           stop_reserve_s=self.stop_reserve_s, min_wait_s=self.min_wait_s,
+                           quiet_s=self.quiet_s,
                            quiet_polls=self.quiet_polls)
 
 

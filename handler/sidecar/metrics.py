@@ -28,6 +28,14 @@ class SidecarMetrics:
                                        registry=registry)
         self.uploads = Counter(PREFIX + "uploads", "Cache publish attempts, by outcome.",
                                ["outcome"], registry=registry)
+        self.publishes_after_start = Counter(
+            PREFIX + "publishes_after_start",
+            "The one cache publish once TorchServe is first ready, by outcome.", ["outcome"],
+            registry=registry)
+        self.cache_restores = Counter(
+            PREFIX + "cache_restores",
+            "The restore before TorchServe started (the restore step's record), by outcome.",
+            ["outcome"], registry=registry)
         self.errors = Counter(PREFIX + "errors", "Errors, by drain step or watcher.",
                               ["step"], registry=registry)
         self.ready = Gauge(PREFIX + "ready", "1 while /ready answers 200.", registry=registry)

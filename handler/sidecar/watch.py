@@ -3,6 +3,11 @@
     with Sidecar(config, Hooks(in_flight=..., publish_cache=...)) as sidecar:
         report = sidecar.run()          # blocks until a notice was drained (or `until` is set)
 
+With a cache store configured, the sidecar also exports the restore step's outcome (read from
+its record beside the cache dir) and publishes once, as soon as TorchServe is first ready, an
+artifact the store lacks: a cold start's artifact reaches the store then, not only when this pod
+drains. The drain publishes again (a no-op when the store has it).
+
 When nobody here stops TorchServe (stop_method none, no stop hook: a sidecar container next to
 TorchServe's), `run` keeps serving after the drain (/ready 503, /drain done) until SIGTERM, so
 the preStop `drain --wait` sees the result and a native sidecar is not restarted mid-shutdown.
@@ -28,6 +33,7 @@ from handler.sidecar.azure import AzureWatcher
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
 from handler.sidecar.drain import CachePublisher, DrainDeps, DrainReport, run_drain
 from handler.sidecar.drain_control import DrainControl
+from handler.sidecar.drain_plan import budget_warning
 from handler.sidecar.errors import CapacityError, ConfigError, MetadataError, SidecarError
 from handler.sidecar.gcp import GcpWatcher
 from handler.sidecar.imds import ImdsWatcher
@@ -40,6 +46,9 @@ from handler.sidecar.torchserve_client import TorchServeClient, running_reader
 from handler.sidecar.watcher import Watcher, run_watcher
 
 log = logging.getLogger(__name__)
+
+# AWS announces a spot interruption two minutes ahead (imds.py reads the exact time).
+AWS_NOTICE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,10 @@ class Sidecar:
         self._running = False
         self._deregister: Callable[[], None] | None = None
         self._autoscaling: Any = None
-        self._publisher = hooks.publish_cache or _config_publisher(config)
+        # The store's counters (rejections, downloads) on this registry, when there is a store.
+        self.cache_metrics = (cache_hooks.cache_metrics(self.registry)
+                              if config.cache_store else None)
+        self._publisher = hooks.publish_cache or _config_publisher(config, self.cache_metrics)
         self._in_flight = hooks.in_flight or _config_running(config)
         self._close_admission = hooks.close_admission or _config_closer(config, clock)
         self.control = DrainControl(self.board, clock, config.signal_grace_s)
@@ -96,6 +108,9 @@ class Sidecar:
                         self.config.drain_flag_file)
         if self.config.asg_name:
             self._autoscaling = _aws_client(self.config, "autoscaling")
+        self._export_restore()
+        for warning in self.budget_warnings():
+            log.warning("%s", warning)
         self._running = True
         self.http.start()
         if threading.current_thread() is threading.main_thread():
@@ -104,6 +119,9 @@ class Sidecar:
         for watcher in self.watchers:
             self._spawn(f"watch-{watcher.name}", run_watcher, watcher, self.board.post,
                         self._stop, self.config.poll_interval_s, self._on_watch_error)
+        if self.config.publish_after_start and isinstance(self._publisher,
+                                                          cache_hooks.Publisher):
+            self._spawn("publish-after-start", self._publish_after_start, self._publisher)
         log.info("sidecar up: /ready on port %d, watching %s", self.http.port,
                  [w.name for w in self.watchers] + ["signal"])
         return self
@@ -159,7 +177,54 @@ class Sidecar:
             acknowledge=self._acknowledger(notice), current_deadline=self.board.deadline,
             metrics=self.metrics)
 
+    def budget_warnings(self) -> list[str]:
+        """One line per notice this sidecar can get whose drain would leave the in-flight wait
+        less than min_wait_s with every reserve in full (see drain_plan.budget_warning)."""
+        config, publish = self.config, self._publisher is not None
+        notices: list[tuple[float, str, str | None]] = [
+            (config.signal_grace_s, "SIGTERM or drain request", "signal_grace_s")]
+        clouds = set(config.clouds)
+        if Cloud.AWS in clouds:
+            notices.append((AWS_NOTICE_S, "AWS spot", None))
+        if Cloud.GCP in clouds:
+            notices.append((config.gcp_notice_s, "GCP preemption", "gcp_notice_s"))
+        if Cloud.AZURE in clouds:
+            notices.append((config.azure_min_notice_s, "Azure event (without NotBefore)",
+                            "azure_min_notice_s"))
+        policy = config.drain_policy()
+        found = (budget_warning(notice_s, source, setting, policy, publish)
+                 for notice_s, source, setting in notices)
+        return [line for line in found if line is not None]
+
     # ---- pieces
+
+    def _export_restore(self) -> None:
+        """The restore step ran in another process (the init container): its record carries
+        the outcome and the store's counters onto this registry."""
+        if self.cache_metrics is None or not self.config.cache_dir:
+            return
+        record = cache_hooks.read_restore_record(Path(self.config.cache_dir))
+        if record is None:
+            return
+        self.metrics.cache_restores.labels(outcome=record["outcome"]).inc()
+        self.cache_metrics.rejected.inc(record["rejected"])
+        self.cache_metrics.downloads.inc(record["downloads"])
+
+    def _publish_after_start(self, publisher: cache_hooks.Publisher) -> None:
+        """Once TorchServe is first ready (the worker has loaded or compiled and installed its
+        artifact), publish it once unless a notice came first: the drain publishes then."""
+        while not self._stop.is_set():
+            if self.board.pending() is not None:
+                return
+            try:
+                ready = self.torchserve.describe().ready_workers > 0
+            except (SidecarError, OSError, ValueError):
+                ready = False
+            if ready:
+                outcome = publisher.publish_after_start()
+                self.metrics.publishes_after_start.labels(outcome=outcome).inc()
+                return
+            self._stop.wait(self.config.poll_interval_s)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -229,12 +294,12 @@ def build_watchers(config: SidecarConfig, clock: Clock) -> list[Watcher]:
     return [makers[cloud]() for cloud in dict.fromkeys(config.clouds)]
 
 
-def _config_publisher(config: SidecarConfig) -> CachePublisher | None:
+def _config_publisher(config: SidecarConfig, metrics: Any = None) -> CachePublisher | None:
     key_path = config.cache_key_path
     if not (config.cache_store and config.cache_dir and key_path):
         return None
     return cache_hooks.publisher(config.cache_store, key_path, Path(config.cache_dir),
-                                 config.aws_endpoint_url, config.aws_region)
+                                 config.aws_endpoint_url, config.aws_region, metrics)
 
 
 def _config_running(config: SidecarConfig) -> Callable[[], int] | None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError
+from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError, StoreUnavailable
 from handler.cache.key import CacheKey, sha256_file
 from handler.cache.local import LocalStore
 from handler.cache.manifest import MANIFEST_NAME
@@ -107,3 +107,17 @@ def test_fetch_clears_staging_left_by_a_crashed_worker(tmp_path: Path, artifact:
     (tmp_path / ".dest.tmp-deadbeef" / "half").mkdir(parents=True)
     store.fetch(key, tmp_path / "dest")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dest")] == [".dest.lock"]
+
+
+def test_unreadable_store_names_the_setting_to_change(tmp_path: Path, key: CacheKey,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "store"))
+
+    # Tests may run as root, where chmod refuses nothing; refuse at the syscall instead.
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+    with pytest.raises(StoreUnavailable, match=r"point --cache-store \(cache_store\) at a directory"):
+        store._put_bytes("x", b"1")

@@ -178,7 +178,7 @@ def test_tampered_manifest_is_rejected(s3_store, s3_client, bucket, artifact, ke
 def test_missing_bucket_says_what_to_fix(s3_client, key, tmp_path: Path, artifact: Path):
     store = S3Store("no-such-bucket", "artifacts", s3_client, progress=False)
     expected = (r"bucket 'no-such-bucket' does not exist at endpoint http://127\.0\.0\.1:\d+: "
-                r"create it or set cache\.s3_bucket")
+                r"create it or fix the bucket in --cache-store s3://BUCKET/PREFIX \(cache_store\)")
     with pytest.raises(StoreUnavailable, match=expected):
         store.exists(key)
     assert restore(store, key, tmp_path / "dest") is RestoreOutcome.STORE_UNAVAILABLE
@@ -224,6 +224,18 @@ def test_unreachable_store_means_a_quick_cold_start(request, port_fixture, key, 
     assert time.monotonic() - start < 5
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("handler.cache")]
     assert len(lines) == 1 and f"cannot reach S3 endpoint http://127.0.0.1:{port}" in lines[0], lines
+    assert "--aws-endpoint-url / aws_endpoint_url" in lines[0], lines
+
+
+def test_wrong_region_names_the_region_flag(s3_client):
+    from botocore.exceptions import ClientError
+
+    store = S3Store("bucket", "artifacts", s3_client, progress=False)
+    redirect = ClientError({"Error": {"Code": "PermanentRedirect", "Message": "use eu-west-1"},
+                            "ResponseMetadata": {"HTTPStatusCode": 301}}, "HeadBucket")
+    with pytest.raises(StoreUnavailable, match=r"set --aws-region \(aws_region\) or AWS_DEFAULT_REGION"):
+        with store._errors(None):
+            raise redirect
 
 
 # ---- warm path

@@ -51,7 +51,12 @@ class Contract:
     stop_method: str
     entrypoint_flags: tuple[str, ...]
     prestop_command: tuple[str, ...]
+    cache_volume: str
     cache_dir: str
+    inductor_cache_dir: str
+    cache_key_file: str
+    key_module: str
+    key_memory_limit_min: str
     cache_dir_env: str
     drain_flag_file: str
     aws_notice_s: int
@@ -93,7 +98,12 @@ def load_contract(path: Path = DEPLOY / "contract.yaml") -> Contract:
         stop_method=str(sc["stop_method"]),
         entrypoint_flags=tuple(sc["entrypoint_flags"]),
         prestop_command=tuple(sc["prestop_command"]),
+        cache_volume=sc["cache_volume"],
         cache_dir=sc["cache_dir"],
+        inductor_cache_dir=sc["inductor_cache_dir"],
+        cache_key_file=sc["cache_key_file"],
+        key_module=sc["key_module"],
+        key_memory_limit_min=str(sc["key_memory_limit_min"]),
         cache_dir_env=sc["cache_dir_env"],
         drain_flag_file=sc["drain_flag_file"],
         aws_notice_s=int(raw["spot"]["aws_notice_s"]),

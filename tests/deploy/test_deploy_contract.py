@@ -8,7 +8,7 @@ Deployments, KServe predictor): see the `pod` fixture in conftest.py.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -316,12 +316,13 @@ def test_prestop_asks_the_sidecar_to_drain(pod, contract, helpers) -> None:
 
 def test_sidecar_is_native_and_starts_after_restore(pod, helpers) -> None:
     names = [c["name"] for c in pod["initContainers"]]
-    assert names == ["cache-restore", "sidecar"]
-    restore, sidecar = pod["initContainers"]
+    # The key first: the restore looks it up.
+    assert names == ["cache-key", "cache-restore", "sidecar"]
+    key, restore, sidecar = pod["initContainers"]
     # restartPolicy Always: a native sidecar, stopped only after the main container exits.
     assert sidecar.get("restartPolicy") == "Always"
-    # A plain init container: it must finish before TorchServe starts loading.
-    assert "restartPolicy" not in restore
+    # Plain init containers: they must finish before TorchServe starts loading.
+    assert "restartPolicy" not in restore and "restartPolicy" not in key
 
 
 @pytest.mark.parametrize("name, subcommand", [("cache-restore", "restore"), ("sidecar", "watch")])
@@ -333,6 +334,10 @@ def test_sidecar_commands_and_flags(pod, contract, helpers, name, subcommand) ->
     assert set(flags) <= set(contract.flags), set(flags) - set(contract.flags)
     assert flags["--model-name"] == contract.model_name
     assert flags["--cache-dir"] == contract.cache_dir
+    if subcommand == "restore":
+        # The key step's file; the watch publishes with the default key path, which
+        # tests/deploy/test_deploy_sources.py checks is the same file.
+        assert flags["--cache-key"] == contract.cache_key_file
     # The bucket and the prefix both come from the ConfigMap (next test), into one store URI.
     assert flags["--cache-store"] == "s3://$(S3_BUCKET)/$(S3_PREFIX)"
     if subcommand == "watch":
@@ -415,15 +420,76 @@ def mounted_at(pod, helpers, path: str) -> list[dict]:
     return [v for v in pod["volumes"] if v["name"] in names]
 
 
-def test_cache_volume_is_shared_by_all_three_containers(pod, contract, helpers) -> None:
-    vol = mounted_at(pod, helpers, contract.cache_dir)
+def test_cache_volume_is_shared_by_every_container(pod, contract, helpers) -> None:
+    vol = mounted_at(pod, helpers, contract.cache_volume)
     assert len(vol) == 1 and "emptyDir" in vol[0]
+    names = [c["name"] for c in helpers.containers(pod)]
+    assert names[:3] == ["cache-key", "cache-restore", "sidecar"] and len(names) == 4
     for c in helpers.containers(pod):
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-        assert mounts.get(vol[0]["name"]) == contract.cache_dir, c["name"]
+        assert mounts.get(vol[0]["name"]) == contract.cache_volume, c["name"]
     env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
     assert env[contract.cache_dir_env] == contract.cache_dir
-    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(contract.cache_dir + "/")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == contract.inductor_cache_dir
+
+
+def inside(path: str, root: str) -> bool:
+    """path is root or below it (POSIX paths, no symlinks in play)."""
+    return PurePosixPath(root) in (PurePosixPath(path), *PurePosixPath(path).parents)
+
+
+def test_artifact_dir_is_inside_the_volume_and_not_a_mount_point(pod, contract,
+                                                                 helpers) -> None:
+    """An install locks and stages in the artifact dir's parent and renames the dir itself:
+    the parent must be on the volume (writable; /var/cache is root's) and the dir no mount."""
+    artifact = PurePosixPath(contract.cache_dir)
+    assert artifact != PurePosixPath(contract.cache_volume)
+    assert inside(str(artifact.parent), contract.cache_volume)
+    for c in helpers.containers(pod):
+        for m in c["volumeMounts"]:
+            assert not inside(m["mountPath"], contract.cache_dir), (c["name"], m["mountPath"])
+
+
+def test_inductor_cache_is_beside_the_artifact_dir_not_inside(pod, contract, helpers) -> None:
+    """handler.engine.artifacts.check_layout refuses TORCHINDUCTOR_CACHE_DIR inside (or equal
+    to) the artifact dir: every worker load would fail."""
+    env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
+    inductor, artifact = env["TORCHINDUCTOR_CACHE_DIR"], env[contract.cache_dir_env]
+    assert not inside(inductor, artifact), (inductor, artifact)
+    assert not inside(artifact, inductor), (inductor, artifact)
+    assert inside(inductor, contract.cache_volume), "on the pod's volume, writable"
+    assert PurePosixPath(inductor).parent == PurePosixPath(artifact).parent, "siblings"
+
+
+def memory_bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(quantity)
+
+
+def test_key_step_writes_the_key_the_restore_reads(pod, contract, helpers) -> None:
+    key = helpers.container(pod, "cache-key")
+    assert key["command"] == ["python", "-m", contract.key_module]
+    assert key["args"] == ["key", f"{contract.model_store}/{contract.mar_file}",
+                           f"--out={contract.cache_key_file}"]
+    restore = flag_values(helpers.container(pod, "cache-restore")["args"])
+    assert restore["--cache-key"] == contract.cache_key_file
+    # The watch passes no --cache-key: it publishes with <cache-dir>/cache-key.json, the key
+    # step's file (and, after a cold compile, the one inside the installed artifact).
+    watch = flag_values(helpers.container(pod, "sidecar")["args"])
+    assert "--cache-key" not in watch
+    assert str(PurePosixPath(contract.cache_key_file).parent) == watch["--cache-dir"]
+    assert inside(contract.cache_key_file, contract.cache_volume)
+
+
+def test_key_step_has_memory_for_importing_torch(pod, contract, helpers) -> None:
+    resources = helpers.container(pod, "cache-key")["resources"]
+    assert memory_bytes(resources["limits"]["memory"]) >= memory_bytes(
+        contract.key_memory_limit_min)
+    assert memory_bytes(resources["requests"]["memory"]) <= memory_bytes(
+        resources["limits"]["memory"])
 
 
 def test_drain_flag_is_shared_by_sidecar_and_torchserve_outside_the_cache(
@@ -431,7 +497,7 @@ def test_drain_flag_is_shared_by_sidecar_and_torchserve_outside_the_cache(
     flag_dir = contract.drain_flag_file.rsplit("/", 1)[0]
     # Never inside the cache volume: the cache is published to S3 and restored elsewhere,
     # where a restored flag would make the new replica refuse every request.
-    assert not contract.drain_flag_file.startswith(contract.cache_dir + "/")
+    assert not inside(contract.drain_flag_file, contract.cache_volume)
     (vol,) = mounted_at(pod, helpers, flag_dir)
     assert "emptyDir" in vol
     for name in ["sidecar", helpers.serving_container(pod)["name"]]:

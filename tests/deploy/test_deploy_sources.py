@@ -10,6 +10,7 @@ rather than in a cluster. Until the code exists they skip.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import re
 import tomllib
@@ -141,4 +142,63 @@ def test_sidecar_config_knows_the_drain_flag_and_cache_dir(contract) -> None:
     settings = config.config_from_mapping({"drain_flag_file": contract.drain_flag_file,
                                            "cache_dir": contract.cache_dir,
                                            "cache_store": "s3://bucket/prefix"})
-    assert settings.cache_key_path.parent.as_posix() == contract.cache_dir
+    # Without --cache-key (the watch container), publish reads the key step's file.
+    assert settings.cache_key_path.as_posix() == contract.cache_key_file
+
+
+def source_constant(module: str, name: str) -> str:
+    """A module-level string constant, read from the source (importing handler.engine would
+    pull in torch and the engine for one string)."""
+    tree = ast.parse(module_file(module).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                for t in node.targets):
+            assert isinstance(node.value, ast.Constant), (module, name)
+            return str(node.value.value)
+    raise AssertionError(f"{module} defines no {name}")
+
+
+@needs_sidecar
+def test_key_path_agrees_between_key_step_restore_publish_and_worker(
+        pod, helpers, contract) -> None:
+    """The key step writes one file; the restore must read that file, the watching sidecar's
+    publish must default to it, and a worker's cold compile must write the same name inside
+    the artifact dir it installs (so publish finds the key of what it uploads)."""
+    cli = importlib.import_module("handler.sidecar.cli")
+    config = importlib.import_module("handler.sidecar.config")
+    key_step = helpers.container(pod, "cache-key")["args"]
+    (out,) = [a.partition("=")[2] for a in key_step if a.startswith("--out=")]
+    paths = {"key step": out}
+    for name in ["cache-restore", "sidecar"]:
+        args = cli.build_parser().parse_args(
+            with_env_placeholders(helpers.container(pod, name)["args"]))
+        paths[name] = config.config_from_args(args).cache_key_path.as_posix()
+    env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
+    worker = source_constant("handler.engine.artifacts", "KEY_FILE_NAME")
+    paths["worker"] = f"{env[contract.cache_dir_env]}/{worker}"
+    assert set(paths.values()) == {contract.cache_key_file}, paths
+    assert config.KEY_FILE_NAME == worker
+
+
+def test_key_step_command_is_accepted_by_precompile(pod, helpers, contract,
+                                                    monkeypatch) -> None:
+    """The key step's real CLI parses its arguments and writes the key where it says; the
+    key computation itself (torch, the .mar) is stubbed: this checks the command line."""
+    module = importlib.import_module(contract.key_module)
+    cache = importlib.import_module("handler.cache")
+    key = cache.CacheKey(torch_version="2.13.0", triton_version="none", device_type="cpu",
+                         device_capability="x86_64", weights_digest="w" * 16,
+                         config_digest="c" * 16, package_version="0.1.0")
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(module, "key_for_mar", lambda mar: seen.setdefault("mar", mar) and key)
+    monkeypatch.setattr(module, "write_key_file",
+                        lambda cache_key, path: seen.setdefault("out", (cache_key, path)))
+    c = helpers.container(pod, "cache-key")
+    assert c["command"][:2] == ["python", "-m"] and c["command"][2] == contract.key_module
+    try:
+        code = module.main(c["args"])
+    except SystemExit as err:
+        pytest.fail(f"{contract.key_module} rejected {c['args']}: exit {err.code}")
+    assert code == 0
+    assert Path(str(seen["mar"])).as_posix() == f"{contract.model_store}/{contract.mar_file}"
+    assert seen["out"] == (key, Path(contract.cache_key_file))

@@ -77,6 +77,50 @@ def test_every_request_error_is_explained(line: int, segments: list[str]) -> Non
                                  "docs/troubleshooting.md nor docs/configuration.md")
 
 
+# ---- compile cache errors ------------------------------------------------------------------
+
+CACHE_ERROR_SOURCES = {
+    "handler/cache/s3.py": "StoreUnavailable",
+    "handler/cache/local.py": "StoreUnavailable",
+    "handler/sidecar/cache_hooks.py": "ArtifactDirError",
+}
+
+
+def cache_error_messages() -> list[tuple[str, list[str]]]:
+    """(file:line, literal segments) of every StoreUnavailable / ArtifactDirError built from a
+    literal or an f-string (raised or returned)."""
+    found = []
+    for rel, name in CACHE_ERROR_SOURCES.items():
+        for node in ast.walk(ast.parse((REPO / rel).read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == name and node.args):
+                continue
+            message = node.args[0]
+            if isinstance(message, ast.Constant) and isinstance(message.value, str):
+                found.append((f"{rel}:{node.lineno}", [message.value]))
+            elif isinstance(message, ast.JoinedStr):
+                found.append((f"{rel}:{node.lineno}",
+                              [v.value for v in message.values if isinstance(v, ast.Constant)]))
+    return found
+
+
+def test_cache_errors_are_found() -> None:
+    assert len(cache_error_messages()) >= 12  # the parser above still finds them
+
+
+@pytest.mark.parametrize("where, segments", cache_error_messages(),
+                         ids=[w for w, _ in cache_error_messages()])
+def test_every_cache_error_is_explained(where: str, segments: list[str]) -> None:
+    docs = squash(TROUBLESHOOTING.read_text())
+    for segment in (s for s in (squash(p).strip() for p in segments) if len(s) >= MIN_SEGMENT):
+        assert segment in docs, f"{where}: {segment!r} is not in docs/troubleshooting.md"
+
+
+def test_no_setting_the_code_does_not_have_is_named() -> None:
+    text = TROUBLESHOOTING.read_text() + CONFIGURATION.read_text()
+    assert not re.search(r"cache\.(s3_\w+|local_dir)", text)
+
+
 # ---- links -----------------------------------------------------------------------------------
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")

@@ -218,3 +218,29 @@ def moto(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     requests.post(f"{moto_url}/moto-api/reset", timeout=5).raise_for_status()
     return moto_url
+
+
+# ---- compile cache directories, as a restore or a worker's install leaves them
+
+
+def cache_key(**change: str):
+    cache = pytest.importorskip("handler.cache")
+    fields = dict(torch_version="2.13.0", triton_version="none", device_type="cpu",
+                  device_capability="x86_64", weights_digest="w" * 16, config_digest="c" * 16,
+                  package_version="0.1.0")
+    return cache.CacheKey(**{**fields, **change})
+
+
+def install_artifact(cache_dir: Path, key=None, key_file: bool = True) -> object:
+    """An installed artifact: files, the key file inside it (listed, as the worker writes it),
+    and the manifest (handler.engine.artifacts.install's layout). Returns the key."""
+    from handler.cache.manifest import MANIFEST_NAME, build_manifest
+
+    key = key if key is not None else cache_key()
+    (cache_dir / "sub").mkdir(parents=True)
+    if key_file:
+        (cache_dir / "cache-key.json").write_text(json.dumps(key.describe()))
+    (cache_dir / "a.bin").write_bytes(b"kernel" * 100)
+    (cache_dir / "sub" / "b.json").write_text('{"graph": 1}')
+    (cache_dir / MANIFEST_NAME).write_bytes(build_manifest(cache_dir, key.describe()).to_json())
+    return key

@@ -19,7 +19,7 @@ from handler.sidecar.config import config_from_mapping
 from handler.sidecar.emulator import MetadataEmulator
 from handler.sidecar.watch import Sidecar
 
-from .conftest import FakeManagement
+from .conftest import FakeManagement, cache_key, install_artifact
 
 
 def watch_flags(emulator: MetadataEmulator, management: FakeManagement, port: int) -> list[str]:
@@ -125,15 +125,9 @@ def test_unknown_flag_is_an_argparse_error() -> None:
 
 
 def compiled_cache(cache_dir: Path) -> None:
-    """A compile cache as the key-file contract has it: artifacts plus cache-key.json."""
-    cache = pytest.importorskip("handler.cache")
-    key = cache.CacheKey(torch_version="2.13.0", triton_version="none", device_type="cpu",
-                         device_capability="x86_64", weights_digest="w" * 16,
-                         config_digest="c" * 16, package_version="0.1.0")
-    (cache_dir / "sub").mkdir(parents=True)
-    (cache_dir / "cache-key.json").write_text(json.dumps(key.describe()))
-    (cache_dir / "a.bin").write_bytes(b"kernel" * 100)
-    (cache_dir / "sub" / "b.json").write_text('{"graph": 1}')
+    """A compile cache as a worker's cold compile installs it: artifacts, cache-key.json and
+    the manifest."""
+    install_artifact(cache_dir)
 
 
 def test_publish_then_restore_round_trip_through_handler_cache(tmp_path: Path) -> None:
@@ -146,6 +140,109 @@ def test_publish_then_restore_round_trip_through_handler_cache(tmp_path: Path) -
     assert (dest / "sub" / "b.json").read_text() == '{"graph": 1}'
     # The key travels with the artifacts, so the restored replica's drain finds it.
     assert (dest / "cache-key.json").exists()
+
+
+def test_restore_leaves_a_record_for_the_sidecar_metrics(tmp_path: Path) -> None:
+    src, dest, store = tmp_path / "compiled", tmp_path / "cache" / "aot", str(tmp_path / "store")
+    compiled_cache(src)
+    assert main(["publish", "--cache-store", store, "--cache-dir", str(src)]) == 0
+    key = str(src / "cache-key.json")
+    assert main(["restore", "--cache-store", store, "--cache-dir", str(dest),
+                 "--cache-key", key]) == 0
+    record = json.loads((tmp_path / "cache" / ".aot.restore.json").read_text())
+    assert (record["outcome"], record["downloads"], record["rejected"]) == ("restored", 1, 0)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in src.iterdir()), \
+        "the record is beside the artifact, never inside it"
+    assert main(["restore", "--cache-store", str(tmp_path / "empty-store"), "--cache-dir",
+                 str(dest), "--cache-key", key]) == 0
+    record = json.loads((tmp_path / "cache" / ".aot.restore.json").read_text())
+    assert (record["outcome"], record["downloads"]) == ("already_local", 0)
+
+
+def publish_errors(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def assert_one_line_error(caplog, *expected: str) -> None:
+    (record,) = publish_errors(caplog)
+    message = record.getMessage()
+    assert record.exc_info is None and "\n" not in message, "one line, no traceback"
+    assert message.startswith("cache publish: ")
+    for text in expected:
+        assert text in message, message
+
+
+@pytest.mark.parametrize("with_key_file", [True, False])
+def test_publish_of_an_empty_cache_dir_is_a_one_line_error(
+        tmp_path: Path, caplog, with_key_file: bool) -> None:
+    cache, key_path = tmp_path / "aot", tmp_path / "key.json"
+    cache.mkdir()
+    key_path.write_text(json.dumps(cache_key().describe()))
+    if with_key_file:  # what the pod's key step leaves there when the restore missed
+        (cache / "cache-key.json").write_text(key_path.read_text())
+    flags = ["--cache-store", str(tmp_path / "store"), "--cache-dir", str(cache)]
+    with caplog.at_level(logging.INFO):
+        code = main(["publish", *flags, *([] if with_key_file else ["--cache-key", str(key_path)])])
+    assert code == 1
+    assert_one_line_error(caplog, f"no artifact in {cache}", "no files besides cache-key.json",
+                          "nothing to publish")
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.json"))
+
+
+def test_publish_of_a_directory_without_a_manifest_uploads_its_files(tmp_path: Path) -> None:
+    """A cache dir filled by hand (files and cache-key.json, no manifest) is published as is."""
+    cache = pytest.importorskip("handler.cache")
+    src = tmp_path / "compiled"
+    (src / "sub").mkdir(parents=True)
+    key = cache_key()
+    (src / "cache-key.json").write_text(json.dumps(key.describe()))
+    (src / "sub" / "kernel.so").write_bytes(b"\x7fELF" * 64)
+    assert main(["publish", "--cache-store", str(tmp_path / "store"), "--cache-dir",
+                 str(src)]) == 0
+    store = cache.LocalStore(tmp_path / "store")
+    assert store.exists(key)
+    store.fetch(key, tmp_path / "restored")
+    assert (tmp_path / "restored" / "sub" / "kernel.so").read_bytes() == b"\x7fELF" * 64
+
+
+def test_publish_of_a_cache_dir_with_a_symlink_is_a_one_line_error(tmp_path: Path,
+                                                                    caplog) -> None:
+    cache = tmp_path / "aot"
+    install_artifact(cache)
+    (tmp_path / "elsewhere").write_text("secret")
+    (cache / "sub" / "link").symlink_to(tmp_path / "elsewhere")
+    with caplog.at_level(logging.INFO):
+        assert main(["publish", "--cache-store", str(tmp_path / "store"), "--cache-dir",
+                     str(cache)]) == 1
+    assert_one_line_error(caplog, "symlinks cannot be part of an artifact", "not published")
+    assert not (tmp_path / "store").exists()
+
+
+def test_publish_refuses_an_artifact_of_another_key(tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "aot"
+    theirs = install_artifact(cache, cache_key(torch_version="2.14.0"), key_file=False)
+    ours = cache_key()
+    (tmp_path / "key.json").write_text(json.dumps(ours.describe()))
+    with caplog.at_level(logging.INFO):
+        assert main(["publish", "--cache-store", str(tmp_path / "store"), "--cache-dir",
+                     str(cache), "--cache-key", str(tmp_path / "key.json")]) == 1
+    assert_one_line_error(caplog, f"built for key {theirs.digest()}", ours.digest())
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda cache: (cache / "stray.txt").write_text("x"), "stray.txt is not in it"),
+    (lambda cache: (cache / "a.bin").unlink(), "a.bin is missing from it"),
+    (lambda cache: (cache / "a.bin").write_bytes(b"short"), "a.bin: size 5 != 600"),
+])
+def test_publish_refuses_a_cache_dir_that_differs_from_its_manifest(
+        tmp_path: Path, caplog, damage, expected: str) -> None:
+    cache = tmp_path / "aot"
+    install_artifact(cache)
+    damage(cache)
+    with caplog.at_level(logging.INFO):
+        assert main(["publish", "--cache-store", str(tmp_path / "store"), "--cache-dir",
+                     str(cache)]) == 1
+    assert_one_line_error(caplog, "does not match its manifest", expected)
 
 
 def test_no_key_file_is_a_cold_start_not_an_error(tmp_path: Path, caplog) -> None:

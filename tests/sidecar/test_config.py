@@ -104,3 +104,11 @@ def test_empty_flag_value_unsets_an_optional_key() -> None:
 def test_quiet_polls_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="quiet_polls"):
         config_from_mapping({"quiet_polls": 0})
+
+
+def test_min_wait_reaches_the_drain_policy() -> None:
+    assert SidecarConfig().drain_policy().min_wait_s == 5.0
+    assert config_from_mapping({"min_wait_s": "8"}).drain_policy().min_wait_s == 8.0
+    assert parse_flags(["--min-wait-s", "0"]).drain_policy().min_wait_s == 0.0
+    with pytest.raises(ConfigError, match="min_wait_s must be >= 0"):
+        config_from_mapping({"min_wait_s": -1})

@@ -283,3 +283,20 @@ def test_an_unreadable_poll_breaks_the_quiet_streak(clock) -> None:
     # notice read 0; wait reads 0, error, 0, 0 -> done at the 2nd zero after the error (+1.5 s)
     assert calls.at("stop") - start == pytest.approx(1.5)
     assert report.errors == []
+
+
+def test_thirty_second_notice_waits_min_wait_then_publishes_in_the_shrunk_reserve(clock) -> None:
+    """Default reserves (5 + 10 + 15) eat a 30 s notice; the wait still gets min_wait_s (5 s),
+    taken from the publish reserve, and the publish runs in what is left before publish_by."""
+    calls = Calls(clock)
+    start = clock()
+    publish_budget: list[float] = []
+    report = run_drain(notice(start + 30), deps(
+        clock, calls, in_flight=Sequence(3),  # a request that never finishes
+        publish_cache=lambda by: publish_budget.append(by - clock()) or True), POLICY)
+    assert report.plan.publish_reserve_s == 10 and report.plan.wait_until == start + 5
+    wait = report.step("wait_in_flight")
+    assert not wait.ok and "wait budget spent with 3 request(s)" in wait.detail
+    assert wait.ended_epoch == pytest.approx(start + 5)
+    assert publish_budget == [pytest.approx(10)] and report.published is True
+    assert calls.at("stop") == pytest.approx(start + 5)

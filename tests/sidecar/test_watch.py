@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from handler.sidecar.emulator import MetadataEmulator
 from handler.sidecar.errors import ConfigError
 from handler.sidecar.watch import Hooks, Sidecar
 
-from .conftest import FakeManagement
+from .conftest import FakeManagement, cache_key, install_artifact
 
 
 def settings(emulator: MetadataEmulator, management: FakeManagement, **extra: Any):
@@ -128,20 +130,224 @@ def test_rebalance_alone_does_not_drain(emulator: MetadataEmulator,
 def test_configured_cache_is_published_during_the_drain(
         emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
     cache = pytest.importorskip("handler.cache")
-    key = cache.CacheKey(torch_version="2.13.0", triton_version="none", device_type="cpu",
-                         device_capability="x86_64", weights_digest="w" * 16,
-                         config_digest="c" * 16, package_version="0.1.0")
+    management.statuses = ["LOADING"]  # never ready: only the drain publishes
+    key = install_artifact(tmp_path / "compiled", key_file=False)
     (tmp_path / "key.json").write_text(json.dumps(key.describe()))
-    (tmp_path / "compiled").mkdir()
-    (tmp_path / "compiled" / "kernel.bin").write_bytes(b"\x00" * 4096)
     store = tmp_path / "store"
     config = settings(emulator, management, cache_store=str(store),
                       cache_key=str(tmp_path / "key.json"), cache_dir=str(tmp_path / "compiled"))
     with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as sidecar:
         emulator.raise_spot_interruption(in_seconds=30)
         report = sidecar.run()
+        after_start = sidecar.registry.get_sample_value(
+            "ts_llm_sidecar_publishes_after_start_total", {"outcome": "published"})
     assert report.published is True and report.errors == []
     assert cache.LocalStore(store).exists(key)
+    assert after_start is None
+
+
+# ---- the publish after start
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    done = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        done.wait(0.02)
+
+
+def after_start(sidecar: Sidecar, outcome: str) -> float | None:
+    return sidecar.registry.get_sample_value("ts_llm_sidecar_publishes_after_start_total",
+                                             {"outcome": outcome})
+
+
+def after_start_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "handler.sidecar.publish_after_start"]
+
+
+def test_cold_start_artifact_is_published_once_torchserve_is_ready(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path,
+        caplog) -> None:
+    cache = pytest.importorskip("handler.cache")
+    management.statuses = ["LOADING"]  # compiling cold
+    cache_dir, store = tmp_path / "cache" / "aot", cache.LocalStore(tmp_path / "store")
+    cache_dir.parent.mkdir()
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(cache_dir))
+    with caplog.at_level(logging.INFO), \
+            Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as sidecar:
+        key = install_artifact(cache_dir)  # the worker installs it, then turns READY
+        threading.Event().wait(0.3)
+        assert not store.exists(key), "nothing is published before TorchServe is ready"
+        management.statuses = ["READY"]
+        wait_for(lambda: after_start(sidecar, "published") == 1)
+        assert store.exists(key)
+        lines = after_start_lines(caplog)
+        # The drain still publishes; the store already has it.
+        emulator.raise_spot_interruption(in_seconds=30)
+        report = sidecar.run()
+    assert len(lines) == 1 and lines[0].startswith(f"compile cache: published {key.digest()}")
+    assert report.errors == [] and report.published is False
+    assert sidecar.registry.get_sample_value("ts_llm_sidecar_uploads_total",
+                                             {"outcome": "unchanged"}) == 1
+    assert len(after_start_lines(caplog)) == 1, "published once"
+
+
+@pytest.mark.parametrize("layout, outcome", [
+    ("restored", "already_present"),  # a warm start: the store has it
+    ("key_only", "no_artifact"),  # the worker loaded the .mar's artifact; the key step's file
+    ("empty", "no_key"),
+])
+def test_publish_after_start_outcomes(emulator: MetadataEmulator, management: FakeManagement,
+                                      tmp_path: Path, caplog, layout: str,
+                                      outcome: str) -> None:
+    cache = pytest.importorskip("handler.cache")
+    cache_dir, store = tmp_path / "aot", cache.LocalStore(tmp_path / "store")
+    if layout == "restored":
+        store.publish(install_artifact(cache_dir), cache_dir)
+    elif layout == "key_only":
+        cache_dir.mkdir()
+        (cache_dir / "cache-key.json").write_text(json.dumps(cache_key().describe()))
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(cache_dir))
+    with caplog.at_level(logging.INFO), Sidecar(config) as sidecar:
+        wait_for(lambda: after_start(sidecar, outcome) == 1)
+    assert len(after_start_lines(caplog)) == 1, after_start_lines(caplog)
+    assert not any(r.levelno >= logging.WARNING for r in caplog.records
+                   if r.name == "handler.sidecar.publish_after_start")
+
+
+def test_publish_after_start_can_be_turned_off(emulator: MetadataEmulator,
+                                               management: FakeManagement,
+                                               tmp_path: Path) -> None:
+    cache = pytest.importorskip("handler.cache")
+    key = install_artifact(tmp_path / "aot")
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(tmp_path / "aot"), publish_after_start=False)
+    with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as sidecar:
+        assert "publish-after-start" not in [t.name for t in sidecar._threads]
+        threading.Event().wait(0.3)  # TorchServe is READY all along
+        assert not cache.LocalStore(tmp_path / "store").exists(key)
+        emulator.raise_spot_interruption(in_seconds=30)
+        report = sidecar.run()
+    assert report.published is True  # only the drain publishes
+
+
+def test_publish_after_start_counts_a_refused_artifact_as_an_error(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path,
+        caplog) -> None:
+    pytest.importorskip("handler.cache")
+    cache_dir = tmp_path / "aot"
+    install_artifact(cache_dir)
+    (cache_dir / "stray.txt").write_text("x")
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(cache_dir))
+    with caplog.at_level(logging.INFO), Sidecar(config) as sidecar:
+        wait_for(lambda: after_start(sidecar, "error") == 1)
+    (line,) = after_start_lines(caplog)
+    assert "not published after start: ArtifactDirError" in line and "stray.txt" in line
+    assert not (tmp_path / "store").exists()
+
+
+def test_no_publish_after_start_once_a_notice_is_pending(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
+    pytest.importorskip("handler.cache")
+    management.statuses = ["LOADING"]
+    install_artifact(tmp_path / "aot")
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(tmp_path / "aot"))
+    with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as sidecar:
+        emulator.raise_spot_interruption(in_seconds=30)
+        report = sidecar.run()  # the drain publishes
+        management.statuses = ["READY"]
+        threading.Event().wait(0.3)
+        outcomes = [s.labels["outcome"] for m in sidecar.registry.collect()
+                    if m.name == "ts_llm_sidecar_publishes_after_start" for s in m.samples
+                    if s.name.endswith("_total")]
+    assert report.published is True and outcomes == []
+
+
+# ---- the restore step's record, and the drain budget at start
+
+
+def test_restore_rejections_are_exported_on_the_sidecar_metrics(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
+    cache = pytest.importorskip("handler.cache")
+    from handler.cache.key import sha256_file
+    from handler.cache.store import blob_name
+    from handler.sidecar.cli import main
+
+    src, dest = tmp_path / "compiled", tmp_path / "cache" / "aot"
+    key = install_artifact(src)
+    cache.LocalStore(tmp_path / "store").publish(key, src)
+    blob = tmp_path / "store" / blob_name(key.digest(), sha256_file(src / "a.bin"))
+    blob.write_bytes(b"tamper" * 100)  # same size, other bytes
+    assert main(["restore", "--cache-store", str(tmp_path / "store"), "--cache-dir", str(dest),
+                 "--cache-key", str(src / "cache-key.json")]) == 0
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(dest))
+    with Sidecar(config) as sidecar:
+        text = requests.get(f"http://127.0.0.1:{sidecar.http.port}/metrics", timeout=2).text
+    assert "ts_llm_cache_artifacts_rejected_total 1.0" in text
+    assert "ts_llm_cache_artifact_downloads_total 0.0" in text
+    assert 'ts_llm_sidecar_cache_restores_total{outcome="rejected"} 1.0' in text
+
+
+def test_no_restore_record_exports_no_restore(emulator: MetadataEmulator,
+                                              management: FakeManagement,
+                                              tmp_path: Path) -> None:
+    pytest.importorskip("handler.cache")
+    config = settings(emulator, management, cache_store=str(tmp_path / "store"),
+                      cache_dir=str(tmp_path / "aot"))
+    with Sidecar(config) as sidecar:
+        text = requests.get(f"http://127.0.0.1:{sidecar.http.port}/metrics", timeout=2).text
+    assert "ts_llm_sidecar_cache_restores_total{" not in text
+    assert "ts_llm_cache_artifacts_rejected_total 0.0" in text
+
+
+def budget_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "drain budget too small" in r.getMessage()]
+
+
+def test_defaults_with_a_cache_store_warn_about_the_30_s_budget(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path,
+        caplog) -> None:
+    pytest.importorskip("handler.cache")
+    config = config_from_mapping({
+        "clouds": "aws,gcp", "aws_metadata_url": emulator.url,
+        "gcp_metadata_url": emulator.url, "management_url": management.url,
+        "listen_host": "127.0.0.1", "listen_port": 0, "stop_method": "none",
+        "cache_store": str(tmp_path / "store"), "cache_dir": str(tmp_path / "aot")})
+    with caplog.at_level(logging.WARNING), Sidecar(config):
+        pass
+    lines = budget_lines(caplog)
+    # SIGTERM / drain request (signal_grace_s 30) and GCP (gcp_notice_s 30); AWS's 120 s fits.
+    assert len(lines) == 2, lines
+    signal_line = next(line for line in lines if "SIGTERM" in line)
+    for text in ("a 30 s SIGTERM or drain request notice leaves 0 s",
+                 "drain_margin_s=5 + stop_reserve_s=10 + publish_reserve_s=15",
+                 "shrinks the publish reserve to 10 s, so requests get 5 s",
+                 "raise signal_grace_s (--signal-grace-s)", "drain_margin_s (--drain-margin-s)",
+                 "stop_reserve_s (--stop-reserve-s)", "publish_reserve_s (--publish-reserve-s)"):
+        assert text in signal_line, signal_line
+    assert any("raise gcp_notice_s (--gcp-notice-s)" in line for line in lines)
+
+
+def test_the_pod_settings_fit_the_budget(emulator: MetadataEmulator,
+                                         management: FakeManagement, tmp_path: Path,
+                                         caplog) -> None:
+    pytest.importorskip("handler.cache")
+    config = config_from_mapping({
+        "aws_metadata_url": emulator.url, "management_url": management.url,
+        "listen_host": "127.0.0.1", "listen_port": 0, "stop_method": "none",
+        "signal_grace_s": 120, "drain_margin_s": 5,
+        "cache_store": str(tmp_path / "store"), "cache_dir": str(tmp_path / "aot")})
+    with caplog.at_level(logging.WARNING), Sidecar(config):
+        pass
+    assert budget_lines(caplog) == []
 
 
 def test_cache_store_without_the_cache_package_fails_at_start(
