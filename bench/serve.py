@@ -85,7 +85,7 @@ def main() -> None:
     checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as tmp:
         runs = [r for system in args.systems for r in sweep(system, checkpoint, args, Path(tmp))]
-    result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "prompt_tokens": None,
+    result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "prompt_tokens": mean_prompt_tokens(checkpoint),
               "versions": versions(), "batch_size": args.batch_size, "baseline_dtype": args.baseline_dtype, "runs": runs}
     by = {(r["system"], r["concurrency"]): r for r in runs}
     if ("ours", 16) in by and ("baseline", 16) in by:
@@ -94,6 +94,13 @@ def main() -> None:
     write_json("serve.json", result)
     plot(result, RESULTS / "serve.png")
     write_section("serve", markdown(result, " ".join(sys.argv[1:])))
+
+
+def mean_prompt_tokens(checkpoint: Path) -> int:
+    from handler.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(checkpoint)
+    return round(sum(len(tok.encode(p)) for p in PROMPTS) / len(PROMPTS))
 
 
 def plot(r: dict, path: Path) -> None:

@@ -1,11 +1,12 @@
 """Ahead-of-time compiled prefill and decode: compiled once, saved, loaded without tracing.
 
 `torch.compile(...).aot_compile()` captures one graph per call (Dynamo + Inductor, the code a
-first call would produce) into an object that serializes with its guards. A step is a small set
-of such graphs: torch specializes batch 1 (the 0/1 rule), so one graph cannot serve every shape.
-At compile time every shape the Engine can send is enumerated (it pads prompts to PREFILL_PAD
-and attention windows to KV_BUCKET), and a graph is added for each shape no graph accepts yet;
-serving therefore never meets a shape that would need a recompile.
+first call would produce) into an object that serializes with its guards. Lengths are dynamic,
+and the batch is compiled as an unbacked size, which torch cannot specialize to 1 (its 0/1
+rule), so one graph per step usually serves every shape. That is checked, not assumed: every
+shape the Engine can send is enumerated (it pads prompts to PREFILL_PAD and attention windows to
+KV_BUCKET), and a graph is added for each shape no graph's guards accept yet. Serving therefore
+never meets a shape that would need a recompile.
 
 Parameters and KV-cache buffers stay graph inputs, read from the live model at each call (no
 freezing): prefill and decode share one cache, and an artifact holds code, not weights.
@@ -78,17 +79,16 @@ def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
 
 
 def compile_order(shapes: list[Shape], model_sizes: set[int]) -> list[Shape]:
-    """The shapes, led by two representatives: batch 1 and a batch >= 2 (torch specializes size
-    1), at sizes equal to no dimension of the model. A size that equals one (16 slots, 64 head
-    dims) may get specialized to that value; the coverage loop would stay correct, only compile
-    more graphs."""
+    """The shapes, led by a representative at sizes equal to no dimension of the model, then
+    batch 1. An example size that equals a model dimension (16 slots, 64 head dims) may get
+    specialized to that value; the coverage loop would stay correct, only compile more graphs."""
     def generic(values: list[int]) -> int:
         return next((v for v in values if v not in model_sizes), values[0])
 
     lengths = sorted({s.length for s in shapes})
     batches = sorted({s.batch for s in shapes if s.batch >= 2})
     n = generic(lengths)
-    first = [Shape(1, n)] + ([Shape(generic(batches), n)] if batches else [])
+    first = ([Shape(generic(batches), n)] if batches else []) + [Shape(1, n)]
     return first + [s for s in shapes if s not in first]
 
 
@@ -195,6 +195,11 @@ def _compile_step(model: Transformer, name: StepName, cfg: EngineConfig) -> tupl
 
 
 def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig) -> Any:
+    for arg in args:
+        if isinstance(arg, Tensor):
+            # The batch as an unbacked size: torch then cannot specialize it to 1 (the 0/1 rule),
+            # so one graph serves batch 1 and batch 32 alike instead of two.
+            torch._dynamo.decorators.mark_unbacked(arg, 0)
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, options={"max_autotune": cfg.max_autotune})
     # Module floats (norm eps) would be traced as symbols: plain torch.compile then restarts and
     # specializes them, aot_compile cannot restart, so they are specialized up front.

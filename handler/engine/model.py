@@ -125,6 +125,9 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         self.kv_cache.write_decode(input_pos, k, v)
         b = x.shape[0]
+        # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
+        # batch, torch could not otherwise tell that keys keep all b rows.
+        torch._check(b <= self.kv_cache.k.shape[0])
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
         # mask: [B, 1, 1, S], slot b sees its own positions 0..input_pos[b]

@@ -141,9 +141,14 @@ def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
 
 
 def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(loaded, cfg):
-    too_many = aot.Shape(cfg.max_batch_size + 1, 64)  # decode slices the cache: its guards bound the batch
+    whole_cache = aot.Shape(2, cfg.max_seq_len + 1)  # a window the Engine never sends
     with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
-        loaded.steps.decode(*aot.example_args("decode", too_many, torch.device("cpu")))
+        loaded.steps.decode(*aot.example_args("decode", whole_cache, torch.device("cpu")))
+
+
+def test_one_graph_per_step_serves_every_batch(loaded):
+    """The batch is compiled unbacked, so batch 1 needs no graph of its own."""
+    assert (len(loaded.steps.prefill.graphs), len(loaded.steps.decode.graphs)) == (1, 1)
 
 
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
