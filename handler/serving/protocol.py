@@ -60,6 +60,10 @@ def api_for_path(url_path: str) -> str:
 
 
 def decode_body(body: Any) -> dict:
+    if body is None:
+        # TorchServe passes form-encoded bodies (curl -d without a Content-Type) as form fields.
+        raise RequestError("request body is missing or was sent as a form; send a JSON object with "
+                           "Content-Type: application/json")
     if isinstance(body, (bytes, bytearray)):
         try:
             body = bytes(body).decode("utf-8")

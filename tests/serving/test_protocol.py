@@ -48,6 +48,10 @@ def test_invalid_utf8():
     assert "not valid UTF-8" in rejects(b'{"prompt": "\xff\xfe"}')
 
 
+def test_missing_body_says_to_send_json():
+    assert "Content-Type: application/json" in rejects(None)
+
+
 def test_body_must_be_an_object():
     assert "must be a JSON object" in rejects([1, 2])
 
