@@ -23,30 +23,27 @@ def build_store(tmp: Path, checkpoint: Path, batching: str, compile_mode: str) -
     return store
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory, default_checkpoint):
-    """Continuous batching, compiled engine: the product's default shape."""
-    tmp = tmp_path_factory.mktemp("ts_continuous")
-    store = build_store(tmp, default_checkpoint, "continuous", "inductor")
+def running_server(tmp: Path, checkpoint: Path, batching: str, compile_mode: str, ready_timeout: float):
+    """Build a .mar, start TorchServe on free ports, yield it once READY, always stop it."""
+    store = build_store(tmp, checkpoint, batching, compile_mode)
     ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties", tmp / "work", Ports.free())
     try:
-        ts.wait_ready(MODEL, timeout=1200)
+        ts.wait_ready(MODEL, timeout=ready_timeout)
         yield ts
     finally:
         ts.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, default_checkpoint):
+    """Continuous batching, compiled engine: the product's default shape."""
+    yield from running_server(tmp_path_factory.mktemp("ts_continuous"), default_checkpoint, "continuous", "inductor", 1200)
 
 
 @pytest.fixture(scope="session")
 def dynamic_server(tmp_path_factory, default_checkpoint):
     """batchSize/maxBatchDelay mode, eager: token-by-token gRPC streaming lives here."""
-    tmp = tmp_path_factory.mktemp("ts_dynamic")
-    store = build_store(tmp, default_checkpoint, "dynamic", "eager")
-    ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties", tmp / "work", Ports.free())
-    try:
-        ts.wait_ready(MODEL, timeout=300)
-        yield ts
-    finally:
-        ts.stop()
+    yield from running_server(tmp_path_factory.mktemp("ts_dynamic"), default_checkpoint, "dynamic", "eager", 300)
 
 
 @pytest.fixture(scope="session")
