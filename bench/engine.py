@@ -57,6 +57,20 @@ def memory_bandwidth(device: str) -> float:
     return x.numel() * 4 / best
 
 
+def peak_matmul_flops(device: str, dtype: torch.dtype) -> float:
+    """Matmul throughput in FLOP/s: best of 5 square 2048 products in the serving dtype. Decode
+    at large batch is bound by it: every token costs 2 FLOPs per weight."""
+    a = torch.randn(2048, 2048, dtype=dtype, device=device)
+    best = float("inf")
+    for _ in range(6):  # the first warms up the BLAS
+        sync(device)
+        t = time.perf_counter()
+        a @ a
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * 2048**3 / best
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes a batch-1 decode step must read: every weight once (the embedding table is only
     gathered, but with tied embeddings it is read whole as the output projection)."""
@@ -119,6 +133,8 @@ def main() -> None:
     result["prompt_tokens"] = len(Tokenizer.from_dir(checkpoint).encode(PROMPT))
     bw = memory_bandwidth(args.device)
     result["memory_bandwidth_gb_s"] = bw / 1e9
+    flops = peak_matmul_flops(args.device, dtype)
+    result["peak_matmul_gflops"] = flops / 1e9
     for batch in args.batches:
         tps = hf_decode_tps(checkpoint, args.device, dtype, batch, args.new_tokens)
         result["tokens_per_s"].setdefault("hf_eager", {})[str(batch)] = tps
@@ -133,6 +149,8 @@ def main() -> None:
             weight_bytes = weight_bytes_per_token(loaded.model)
             result["weight_bytes_per_token"] = weight_bytes
             result["roofline_tokens_per_s_bs1"] = bw / weight_bytes
+            # tokens/s no batch size can beat: matmuls alone at the measured peak
+            result["compute_roofline_tokens_per_s"] = flops / (2 * weight_bytes / loaded.model.output.weight.element_size())
         for batch in args.batches:
             tps = ours_decode_tps(loaded.engine, args.device, batch, args.new_tokens)
             result["tokens_per_s"].setdefault(name, {})[str(batch)] = tps
@@ -196,6 +214,9 @@ prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill. `hf_eag
 
 - Measured read bandwidth {r['memory_bandwidth_gb_s']:.1f} GB/s; {r['weight_bytes_per_token'] / 1e6:.0f} MB of weights per
   batch-1 step, so the roofline is {r['roofline_tokens_per_s_bs1']:.0f} tokens/s.
+- Measured {r['dtype']} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 products): at 2 FLOPs per weight per
+  token, no batch size decodes faster than {r['compute_roofline_tokens_per_s']:.0f} tokens/s on this machine (the compute roofline;
+  transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it).
 - Headline ({r['headline_variant']}): **{r[f'speedup_vs_hf_bs{first}']:.2f}x** transformers at batch {first},
   **{r[f'speedup_vs_hf_bs{last}']:.2f}x** at batch {last}, **{100 * r['roofline_fraction_bs1']:.0f}%** of the batch-1 roofline.
 

@@ -11,20 +11,14 @@ never meets a shape that would need a recompile.
 Parameters and KV-cache buffers stay graph inputs, read from the live model at each call (no
 freezing): prefill and decode share one cache, and an artifact holds code, not weights.
 
-On CPU the serialized graphs carry their C++ kernels as source only; compiling those at load
-costs ~30 s on 2 cores. The built kernels (.so) therefore travel in the artifact too and are
-installed into Inductor's kernel cache before the graphs are loaded.
+On CPU the serialized graphs carry their C++ kernels as source only, so the built kernels and
+Inductor's precompiled header travel with them (handler.engine.cpp_cache).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from handler.engine import cpp_cache
 from handler.engine.config import EngineConfig
 from handler.engine.engine import KV_BUCKET, PREFILL_PAD
 from handler.engine.model import Transformer
@@ -41,8 +36,7 @@ log = logging.getLogger(__name__)
 StepName = Literal["prefill", "decode"]
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-KERNEL_DIR = "kernels"
-FORMAT = 1  # bump when the layout below changes; it is part of the artifact's cache key
+FORMAT = 3  # bump when the layout below changes; it is part of the artifact's cache key
 
 
 class AotError(RuntimeError):
@@ -108,6 +102,9 @@ class CompiledStep:
     def __init__(self, model: Transformer, step: StepName, graphs: list[Any] | None = None):
         self.model, self.step = model, step
         self.graphs: list[Any] = []
+        # Checking a graph's guards costs ~0.8 ms (every weight's metadata), 5% of a batch-1
+        # decode step; the answer depends only on the arguments' metadata (the model is fixed).
+        self._matched: dict[tuple[Any, ...], Any] = {}
         for graph in graphs or []:
             self.add(graph)
 
@@ -118,10 +115,13 @@ class CompiledStep:
 
     @torch.no_grad()  # grad mode is guarded too: the graphs were captured without grad
     def match(self, *args: Any) -> Any | None:
-        for graph in self.graphs:
-            if graph.guard_check(self.model, *args):
-                return graph
-        return None
+        signature = _signature(args)
+        graph = self._matched.get(signature)
+        if graph is None:
+            graph = next((g for g in self.graphs if g.guard_check(self.model, *args)), None)
+            if graph is not None:
+                self._matched[signature] = graph
+        return graph
 
     @torch.no_grad()
     def __call__(self, *args: Any) -> Tensor:
@@ -136,6 +136,12 @@ class CompiledStep:
             return "there are no graphs"
         graph = self.graphs[0]  # its guard manager names the failing guard (private API, error path only)
         return str(graph._artifacts.guard_manager.check_verbose(graph.prepare_f_locals(self.model, *args)))
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What the guards can see of the arguments: tensor metadata, and other values as they are."""
+    return tuple((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.is_inference()) if isinstance(a, Tensor)
+                 else (type(a), a) for a in args)
 
 
 def _describe(args: tuple[Any, ...]) -> str:
@@ -182,21 +188,27 @@ def compile_steps(model: Transformer, cfg: EngineConfig) -> AotSteps:
 def _compile_step(model: Transformer, name: StepName, cfg: EngineConfig) -> tuple[CompiledStep, list[Shape]]:
     device = torch.device(cfg.device)
     step, examples = CompiledStep(model, name), []
-    for shape in compile_order(serving_shapes(name, cfg), model_sizes(model)):
+    shapes = compile_order(serving_shapes(name, cfg), model_sizes(model))
+    if name == "decode":
+        # Decode at batch 1 first, with the batch specialized: its projections then compile to
+        # matrix-vector kernels (model.Linear), ~2x aten's mm there. Being first, it is the
+        # graph match() picks for batch 1; the general graph below serves every other batch.
+        shapes = [Shape(1, shapes[0].length)] + shapes
+    for i, shape in enumerate(shapes):
         args = example_args(name, shape, device)
         if step.match(*args) is not None:
             continue
         start = time.perf_counter()
-        step.add(_aot_compile(getattr(model, name), args, cfg))
+        step.add(_aot_compile(getattr(model, name), args, cfg, unbacked_batch=not (name == "decode" and i == 0)))
         examples.append(shape)
         log.info("aot: compiled %s graph %d (example batch %d, length %d) in %.1f s", name, len(examples),
                  shape.batch, shape.length, time.perf_counter() - start)
     return step, examples
 
 
-def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig) -> Any:
+def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked_batch: bool = True) -> Any:
     for arg in args:
-        if isinstance(arg, Tensor):
+        if isinstance(arg, Tensor) and unbacked_batch:
             # The batch as an unbacked size: torch then cannot specialize it to 1 (the 0/1 rule),
             # so one graph serves batch 1 and batch 32 alike instead of two.
             torch._dynamo.decorators.mark_unbacked(arg, 0)
@@ -207,27 +219,15 @@ def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig) -> Any:
         return compiled.aot_compile((args, {}))
 
 
-@contextmanager
-def private_kernel_cache() -> Iterator[Path]:
-    """Point Inductor at an empty cache for the duration, so the C++ libraries built inside are
-    exactly this compile's (save_artifacts packs them): its kernels and, in a process that has
-    not compiled before (a worker, archive.sh), Inductor's CPU feature probes, which a loading
-    worker would otherwise compile again. Removed on exit: loaded libraries stay mapped."""
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-    with tempfile.TemporaryDirectory(prefix="ts-llm-aot-") as tmp, temporary_cache_dir(tmp):
-        yield Path(tmp)
-
-
 # ---- saving and loading -----------------------------------------------------------------------
 
-def save_artifacts(steps: AotSteps, out_dir: Path, kernel_cache: Path | None) -> list[Path]:
-    """Write each graph, the kernels built into `kernel_cache` (see private_kernel_cache) and an
+def save_artifacts(steps: AotSteps, out_dir: Path, build_dir: Path | None) -> list[Path]:
+    """Write each graph, what was built under `build_dir` (cpp_cache.private_build_dirs) and an
     index into out_dir (which must be empty or absent). Returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if any(out_dir.iterdir()):
         raise AotError(f"{out_dir} is not empty; artifacts go into a fresh directory")
-    index: dict[str, Any] = {"format": FORMAT, "steps": {}, "kernels": []}
+    index: dict[str, Any] = {"format": FORMAT, "steps": {}, "cpp": {"kernels": [], "headers": []}}
     for name in STEPS:
         entries = []
         for i, (graph, shape) in enumerate(zip(steps.step(name).graphs, steps.examples[name], strict=True)):
@@ -235,21 +235,10 @@ def save_artifacts(steps: AotSteps, out_dir: Path, kernel_cache: Path | None) ->
             graph.save_compiled_function(str(path))
             entries.append({"file": path.name, "batch": shape.batch, "length": shape.length})
         index["steps"][name] = entries
-    if kernel_cache is not None:
-        index["kernels"] = _pack_kernels(kernel_cache, out_dir / KERNEL_DIR)
+    if build_dir is not None:
+        index["cpp"] = cpp_cache.pack(build_dir, out_dir)
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
     return sorted(p for p in out_dir.rglob("*") if p.is_file())
-
-
-def _pack_kernels(cache: Path, dest: Path) -> list[str]:
-    """Copy every built C++ kernel library; their names are Inductor's cache keys."""
-    names = []
-    for so in sorted(cache.rglob("*.so")):
-        rel = so.relative_to(cache).as_posix()
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(so, dest / rel)
-        names.append(rel)
-    return names
 
 
 # Inductor settings while loading: they change no kernel's cache key or code, only skip work a
@@ -265,12 +254,12 @@ LOAD_CONFIG = {
 def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
     """Load verified artifacts (the caller checked them against their manifest) onto `model`."""
     index = read_index(art_dir)
-    installed = install_kernels(art_dir / KERNEL_DIR, index["kernels"])
-    before = _kernel_libraries()
+    installed = cpp_cache.install(art_dir, index["cpp"])
+    before = cpp_cache.compiled_libraries()
     with torch._inductor.config.patch(LOAD_CONFIG):
         steps = {name: CompiledStep(model, name, [_load_graph(art_dir / e["file"]) for e in index["steps"][name]])
                  for name in STEPS}
-    built = len(_kernel_libraries() - before)
+    built = len(cpp_cache.compiled_libraries() - before)
     if built:
         # Inductor's kernel key includes the compiler command line (include paths of this Python
         # and torch): an artifact built under another install path misses and compiles here.
@@ -278,7 +267,7 @@ def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
                     "under another Python/torch install path, or in a process that had compiled before); "
                     "build it where it is served to load in seconds", built)
     examples = {name: [Shape(e["batch"], e["length"]) for e in index["steps"][name]] for name in STEPS}
-    log.info("aot: loaded %s from %s (%d kernels installed)",
+    log.info("aot: loaded %s from %s (%d C++ files installed)",
              ", ".join(f"{len(steps[n].graphs)} {n} graphs" for n in STEPS), art_dir, installed)
     return AotSteps(steps["prefill"], steps["decode"], examples)
 
@@ -290,7 +279,7 @@ def read_index(art_dir: Path) -> dict[str, Any]:
         raise AotError(f"{art_dir / INDEX_FILE}: cannot read the artifact index ({err})") from err
     if index.get("format") != FORMAT:
         raise AotError(f"{art_dir / INDEX_FILE}: format {index.get('format')!r}, this build reads {FORMAT}")
-    names = [e["file"] for n in STEPS for e in index["steps"][n]] + list(index["kernels"])
+    names = [e["file"] for n in STEPS for e in index["steps"][n]] + index["cpp"]["kernels"] + index["cpp"]["headers"]
     for name in names:
         if not _inside(name):
             raise AotError(f"{art_dir / INDEX_FILE}: {name!r} is not a relative path inside the artifact")
@@ -300,32 +289,6 @@ def read_index(art_dir: Path) -> dict[str, Any]:
 def _inside(rel: str) -> bool:
     parts = Path(rel).parts
     return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
-
-
-def install_kernels(src: Path, names: list[str]) -> int:
-    """Copy kernel libraries into Inductor's cache under their own names; existing ones are
-    kept (same name, same source and flags). Each copy lands by rename: a concurrent worker
-    never sees half a library."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root, copied = Path(cache_dir()), 0
-    for rel in names:
-        target = root / rel
-        if target.exists():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".aot-", dir=target.parent)
-        os.close(fd)
-        shutil.copyfile(src / rel, tmp)
-        os.replace(tmp, target)
-        copied += 1
-    return copied
-
-
-def _kernel_libraries() -> set[Path]:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return set(Path(cache_dir()).glob("*/*.so"))
 
 
 def _load_graph(path: Path) -> Any:

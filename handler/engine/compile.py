@@ -1,7 +1,8 @@
-"""Compiled prefill and decode, ready before the first request: loaded or compiled at load.
+"""Compiled prefill and decode: loaded or compiled when the worker loads.
 
 With artifacts wanted (the serving path), a verified artifact for this worker's key is loaded
-(seconds, no tracing); otherwise both steps are AOT-compiled over every serving shape
+(seconds, no tracing; by default in the background while eager steps serve, see warm_start);
+otherwise both steps are AOT-compiled over every serving shape
 (minutes) and, given a cache dir, installed there for the sidecar to publish. Configurations
 AOT does not support (freezing, CUDA) use torch.compile with a warm-up instead.
 
@@ -20,10 +21,11 @@ from pathlib import Path
 import torch
 
 from handler.cache.key import CacheKey
-from handler.engine import aot, artifacts
+from handler.engine import aot, artifacts, cpp_cache
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
+from handler.engine.warm_start import BackgroundLoad
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,13 @@ class CompileError(RuntimeError):
 class Steps:
     prefill: Callable
     decode: Callable
-    mode: str  # "eager", "inductor" (torch.compile), "aot-compiled" (cold) or "aot-loaded"
+    # "eager", "inductor" (torch.compile), "aot-compiled" (cold), "aot-loaded" or "aot-background"
+    # (eager steps until the verified artifact, loading in a thread, is in: see warm_start)
+    mode: str
     compile_seconds: float  # compiling, or loading artifacts
     eager_fallback: bool = False  # True when compile failed and on_compile_error=eager
     artifact_dir: Path | None = None  # the artifact loaded, or installed after a cold compile
+    background: BackgroundLoad | None = None  # set while mode is "aot-background"
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,14 @@ class ArtifactRequest:
 
 
 def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[str], None] | None = None,
-                artifacts_wanted: ArtifactRequest | None = None) -> Steps:
+                artifacts_wanted: ArtifactRequest | None = None, on_compiled: Callable[[float], None] | None = None) -> Steps:
+    """on_fallback(reason): serving eager after a failure (on_compile_error=eager).
+    on_compiled(seconds): a background load finished and its steps serve from now on."""
     if cfg.compile == "eager":
         log.info("compile=eager: serving the uncompiled model, as configured")
         return Steps(model.prefill, model.decode, "eager", 0.0)
     try:
-        return _compiled(model, cfg, artifacts_wanted)
+        return _compiled(model, cfg, artifacts_wanted, on_fallback, on_compiled)
     except Exception as err:  # Dynamo/Inductor raise many types; all mean "no compiled model"
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         if cfg.on_compile_error != "eager":
@@ -69,29 +76,50 @@ def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[st
         return Steps(model.prefill, model.decode, "eager", 0.0, eager_fallback=True)
 
 
-def _compiled(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
+def _compiled(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None,
+              on_fallback: Callable[[str], None] | None, on_compiled: Callable[[float], None] | None) -> Steps:
     if aot.unsupported_reason(cfg) is not None:
         return _compile(model, cfg)
     if wanted is None:
         return _aot_cold(model, cfg, None)
     with artifacts.holding(wanted.places):
-        return _aot_warm(model, wanted) or _aot_cold(model, cfg, wanted)
+        path = _find_verified(wanted)
+        if path is None:
+            return _aot_cold(model, cfg, wanted)
+        if cfg.warm_start == "background":
+            return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
+        start = time.perf_counter()
+        return _aot_result(aot.load_artifacts(model, path), "aot-loaded", time.perf_counter() - start, path)
 
 
-def _aot_warm(model: Transformer, wanted: ArtifactRequest) -> Steps | None:
-    """Load the first verified artifact for the key; None (logged once) when there is none."""
+def _find_verified(wanted: ArtifactRequest) -> Path | None:
+    """The first verified artifact for the key; None (logged once) when there is none."""
     checked = []
     for path in wanted.places.search():
         found = artifacts.check_dir(path, wanted.key)
         artifacts.log_check(found, wanted.key, wanted.on_rejected)
         if found.verdict == Verdict.VERIFIED:
-            start = time.perf_counter()
-            loaded = aot.load_artifacts(model, path)
-            return _aot_result(loaded, "aot-loaded", time.perf_counter() - start, path)
+            return path
         checked.append(f"{path}: {found.verdict}")
     log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",
                 wanted.key.digest(), "; ".join(checked) or "no place to look")
     return None
+
+
+def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, path: Path,
+                        on_fallback: Callable[[str], None] | None, on_compiled: Callable[[float], None] | None) -> Steps:
+    def load() -> aot.AotSteps:
+        with artifacts.holding(wanted.places):  # the lock was let go: check again what is loaded
+            checked = artifacts.check_dir(path, wanted.key)
+            if checked.verdict != Verdict.VERIFIED:
+                raise aot.AotError(f"{path} changed after it was verified ({checked.verdict}: {checked.detail})")
+            return aot.load_artifacts(model, path)
+
+    background = BackgroundLoad(model, load, cfg.on_compile_error == "eager", on_compiled, on_fallback).start()
+    log.info("compile cache: loading artifact %s from %s in the background; serving eager steps until it is loaded",
+             wanted.key.digest(), path)
+    return Steps(background.step("prefill"), background.step("decode"), "aot-background", 0.0,
+                 artifact_dir=path, background=background)
 
 
 def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
@@ -108,11 +136,11 @@ def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, de
     """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
     returns the steps loaded back from it. Call it holding dest's lock when others may read it."""
     loaded: list[aot.AotSteps] = []
-    with aot.private_kernel_cache() as kernels:
+    with cpp_cache.private_build_dirs() as build_dir:
         compiled = aot.compile_steps(model, cfg)
 
         def write(staged: Path) -> None:
-            aot.save_artifacts(compiled, staged, kernels)
+            aot.save_artifacts(compiled, staged, build_dir)
             artifacts.write_key_file(key, staged / artifacts.KEY_FILE_NAME)
             # Serve what was saved: an artifact that does not load is never installed.
             loaded.append(aot.load_artifacts(model, staged))

@@ -19,6 +19,9 @@ class EngineConfig:
     max_seq_len: int = 2048  # prompt + generated tokens per sequence
     compile: Literal["inductor", "eager"] = "inductor"
     on_compile_error: Literal["raise", "eager"] = "raise"
+    # A verified AOT artifact: "background" serves eager steps while it loads (~2-3 s) and then
+    # switches (handler.engine.warm_start); "blocking" loads it before the engine is returned.
+    warm_start: Literal["background", "blocking"] = "background"
     # Inductor constant-folds and prepacks weights (oneDNN on CPU). Off: measured no faster for
     # decode here (bf16, batch 1/8/16), and frozen graphs cannot be saved as AOT artifacts.
     freezing: bool = False
@@ -33,6 +36,8 @@ class EngineConfig:
             raise ValueError(f"compile must be 'inductor' or 'eager', got {self.compile!r}")
         if self.on_compile_error not in ("raise", "eager"):
             raise ValueError(f"on_compile_error must be 'raise' or 'eager', got {self.on_compile_error!r}")
+        if self.warm_start not in ("background", "blocking"):
+            raise ValueError(f"warm_start must be 'background' or 'blocking', got {self.warm_start!r}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.max_batch_size < 1 or self.max_seq_len < 32:
@@ -47,5 +52,6 @@ class EngineConfig:
         d = asdict(self)
         d.pop("checkpoint_dir")
         d.pop("on_compile_error")
+        d.pop("warm_start")
         d["device"] = torch.device(self.device).type
         return d

@@ -27,15 +27,16 @@ class LoadedEngine:
 
 
 def build_engine(cfg: EngineConfig, on_fallback: Callable[[str], None] | None = None,
-                 places: ArtifactPlaces | None = None, on_rejected: Callable[[], None] | None = None) -> LoadedEngine:
+                 places: ArtifactPlaces | None = None, on_rejected: Callable[[], None] | None = None,
+                 on_compiled: Callable[[float], None] | None = None) -> LoadedEngine:
     """`places`: where compiled artifacts may be found and installed (the serving path); None
-    compiles at every start and saves nothing."""
+    compiles at every start and saves nothing. Callbacks: see compile.build_steps."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     model = load_model(ckpt, cfg.torch_dtype, cfg.device)
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
-    steps = build_steps(model, cfg, on_fallback, _artifact_request(ckpt, cfg, places, on_rejected))
+    steps = build_steps(model, cfg, on_fallback, _artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
     tokenizer = Tokenizer.from_dir(ckpt.path)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len, torch.device(cfg.device))
     return LoadedEngine(engine, model, steps)

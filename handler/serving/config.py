@@ -26,6 +26,7 @@ class HandlerConfig:
     max_seq_len: int = 2048
     compile: str = "inductor"  # "inductor" or "eager"
     on_compile_error: str = "raise"  # "raise" or "eager" (logged at ERROR and counted)
+    warm_start: str = "background"  # "background": serve eager while a verified artifact loads; or "blocking"
     freezing: bool = False  # true: no AOT artifacts (frozen graphs cannot be saved)
     max_autotune: bool = False
     cuda_graphs: bool = True
@@ -69,7 +70,8 @@ class HandlerConfig:
         checkpoint = Path(self.checkpoint) if Path(self.checkpoint).is_absolute() else Path(model_dir) / self.checkpoint
         try:
             return EngineConfig(checkpoint, self.dtype, device, self.max_batch_size, self.max_seq_len, self.compile,
-                                self.on_compile_error, self.freezing, self.max_autotune, self.cuda_graphs, self.threads)
+                                self.on_compile_error, self.warm_start, self.freezing, self.max_autotune,
+                                self.cuda_graphs, self.threads)
         except ValueError as err:
             raise ConfigError(f"model-config.yaml `handler:`: {err}") from err
 

@@ -40,8 +40,10 @@ class LLMHandler(BaseHandler):
         places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
                                 Path(props["model_dir"]) / MAR_ARTIFACT_DIR)
         loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1),
-                              places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1))
-        sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
+                              places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),
+                              on_compiled=lambda seconds: sink.observe("ts_llm_compile_seconds", seconds))
+        if loaded.steps.background is None:
+            sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
         sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  engine_cfg.dtype, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)

@@ -19,7 +19,7 @@ import torch
 
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts
+from handler.engine import aot, artifacts, cpp_cache
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile import ArtifactRequest, CompileError, build_steps
@@ -48,7 +48,9 @@ def tiny_checkpoint(tmp_path_factory, default_checkpoint) -> Path:
 
 @pytest.fixture(scope="module")
 def cfg(tiny_checkpoint) -> EngineConfig:
-    return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False)
+    # blocking: the artifact is loaded when build_engine returns (background loads: see below)
+    return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False,
+                        warm_start="blocking")
 
 
 WORKER_SCRIPT = textwrap.dedent("""
@@ -61,7 +63,8 @@ WORKER_SCRIPT = textwrap.dedent("""
     from handler.engine.factory import build_engine
     from handler.engine.sampling import SamplingParams
     checkpoint, cache_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    cfg = EngineConfig(Path(checkpoint), dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False)
+    cfg = EngineConfig(Path(checkpoint), dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False,
+                       warm_start="blocking")
     loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=Path(cache_dir)))
     ready = time.perf_counter() - start
     ids = [loaded.engine.tokenizer.encode(p) for p in prompts]
@@ -111,7 +114,8 @@ def test_cold_compile_installs_a_verified_artifact_with_its_key(cold, key):
     _, cache_dir = cold
     assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
     assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text()) == key.describe()
-    assert list((cache_dir / aot.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
+    assert list((cache_dir / cpp_cache.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
+    assert list((cache_dir / cpp_cache.HEADER_DIR).glob("*.gch.gz")), "and so does the precompiled header"
 
 
 def test_compiled_tokens_equal_eager_tokens(cold, loaded, cfg):
@@ -146,9 +150,15 @@ def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(loaded, cfg):
         loaded.steps.decode(*aot.example_args("decode", whole_cache, torch.device("cpu")))
 
 
-def test_one_graph_per_step_serves_every_batch(loaded):
-    """The batch is compiled unbacked, so batch 1 needs no graph of its own."""
-    assert (len(loaded.steps.prefill.graphs), len(loaded.steps.decode.graphs)) == (1, 1)
+def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
+    """The batch is compiled unbacked, so one graph serves every batch; decode also has a
+    batch-1 graph (matrix-vector kernels), which batch 1 gets and no other batch does."""
+    prefill, decode = loaded.steps.prefill, loaded.steps.decode
+    assert (len(prefill.graphs), len(decode.graphs)) == (1, 2)
+    cpu = torch.device("cpu")
+    assert decode.match(*aot.example_args("decode", aot.Shape(1, 64), cpu)) is decode.graphs[0]
+    for batch in range(2, cfg.max_batch_size + 1):
+        assert decode.match(*aot.example_args("decode", aot.Shape(batch, 64), cpu)) is decode.graphs[1]
 
 
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
@@ -214,7 +224,7 @@ def test_another_torch_version_takes_the_cold_path(cold, loaded, cfg, key, tmp_p
 @pytest.mark.parametrize("victim", ["graph", "kernel", "manifest"])
 def test_tampered_artifact_is_rejected_counted_and_never_loaded(cold, loaded, cfg, key, tmp_path, observed, victim, caplog):
     cache_dir = _copy(cold[1], tmp_path / "aot")
-    path = {"graph": cache_dir / "decode-0.bin", "kernel": next((cache_dir / aot.KERNEL_DIR).rglob("*.so")),
+    path = {"graph": cache_dir / "decode-0.bin", "kernel": next((cache_dir / cpp_cache.KERNEL_DIR).rglob("*.so")),
             "manifest": cache_dir / MANIFEST_NAME}[victim]
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -281,4 +291,37 @@ def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tm
     handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), environ={})
     places = ArtifactPlaces(bundled_dir=model_dir / artifacts.MAR_ARTIFACT_DIR)
     loaded = build_engine(handler_cfg.engine_config(model_dir, None), places=places)
-    assert loaded.steps.mode == "aot-loaded" and loaded.steps.artifact_dir == places.bundled_dir
+    assert loaded.steps.mode == "aot-background" and loaded.steps.artifact_dir == places.bundled_dir
+    assert loaded.steps.background.done.wait(120) and loaded.steps.background.compiled
+
+
+# ---- background warm start --------------------------------------------------------------------
+
+def test_background_load_serves_eager_then_the_loaded_graphs(cfg, cold, loaded):
+    switched = []
+    engine = build_engine(dataclasses.replace(cfg, warm_start="background"), places=ArtifactPlaces(cache_dir=cold[1]),
+                          on_compiled=switched.append)
+    assert engine.steps.mode == "aot-background"
+    assert engine.steps.background.done.wait(120) and engine.steps.background.compiled
+    assert switched == [], "the switch happens on the serving thread, at the next step"
+    assert _greedy_tokens(engine.engine) == _greedy_tokens(loaded.engine), "after the switch it runs the compiled graphs"
+    assert len(switched) == 1 and switched[0] > 0
+
+
+@pytest.mark.parametrize("on_error", ["raise", "eager"])
+def test_background_load_failure_is_loud(cfg, cold, monkeypatch, on_error):
+    def broken(model, path):
+        raise aot.AotError("simulated: graph does not load")
+
+    monkeypatch.setattr(aot, "load_artifacts", broken)
+    fallbacks = []
+    engine = build_engine(dataclasses.replace(cfg, warm_start="background", on_compile_error=on_error),
+                          places=ArtifactPlaces(cache_dir=cold[1]), on_fallback=fallbacks.append)
+    assert engine.steps.background.done.wait(120) and not engine.steps.background.compiled
+    ids = [engine.engine.tokenizer.encode(PROMPTS[0])]
+    if on_error == "raise":
+        with pytest.raises(CompileError, match="simulated"):
+            engine.engine.generate(ids, [SamplingParams(max_new_tokens=2)])
+    else:
+        assert engine.engine.generate(ids, [SamplingParams(max_new_tokens=2)])
+        assert fallbacks and "simulated" in fallbacks[0] and len(fallbacks) == 1

@@ -1,0 +1,129 @@
+"""The C++ build products an AOT artifact carries, so a loading worker compiles nothing.
+
+Serialized Inductor graphs hold their CPU kernels as C++ source. Loading them in a fresh
+container would compile every kernel (~30 s on 2 cores) and Inductor's precompiled prefix header
+(~5 s: it is built eagerly, even when every kernel already exists). Both are keyed by content and
+compiler command line, so the files built at compile time are valid wherever the key matches:
+the same torch, CPU features and (for the kernels) install paths.
+
+    kernels/<xx>/<key>.so              Inductor's kernel cache layout (under TORCHINDUCTOR_CACHE_DIR)
+    headers/<hash>.h, <hash>.h.gch.gz  its precompiled header dir (under the temp dir), gzipped
+
+The header dir is a private module constant of torch._inductor.codecache (torch is pinned and
+in the cache key); without it the header is not carried, which costs load time, not correctness.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KERNEL_DIR = "kernels"
+HEADER_DIR = "headers"
+
+
+@contextmanager
+def private_build_dirs() -> Iterator[Path]:
+    """Point Inductor's kernel cache and header dir at empty dirs for the duration, so what is
+    built inside is exactly this compile's (pack() takes it): its kernels, its precompiled
+    header and, in a process that has not compiled before (a worker, archive.sh), the CPU
+    feature probes a loading worker would otherwise compile. Removed on exit: loaded libraries
+    stay mapped."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with tempfile.TemporaryDirectory(prefix="ts-llm-aot-") as tmp, temporary_cache_dir(tmp):
+        with _header_dir(Path(tmp) / HEADER_DIR):
+            yield Path(tmp)
+
+
+@contextmanager
+def _header_dir(path: Path) -> Iterator[None]:
+    codecache = _codecache_with_header_dir()
+    if codecache is None:
+        log.warning("aot: this torch has no precompiled-header dir to redirect; the artifact will not carry "
+                    "the header and a loading worker builds it (~5 s)")
+        yield
+        return
+    saved = codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR
+    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = str(path), str(path / "locks")
+    codecache._precompile_header.cache_clear()  # it remembers headers built elsewhere
+    try:
+        yield
+    finally:
+        codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
+        codecache._precompile_header.cache_clear()
+
+
+def _codecache_with_header_dir():
+    from torch._inductor import codecache
+
+    needed = ("_HEADER_DIR", "_HEADER_LOCK_DIR", "_precompile_header")
+    return codecache if all(hasattr(codecache, n) for n in needed) else None
+
+
+# ---- pack and install -------------------------------------------------------------------------
+
+def pack(build_dir: Path, dest: Path) -> dict[str, list[str]]:
+    """Copy the kernel libraries and precompiled headers built under build_dir into dest;
+    returns their names relative to dest (the artifact index records them)."""
+    kernels = [_copy(so, build_dir, dest, KERNEL_DIR) for so in sorted(build_dir.glob("*/*.so"))]
+    headers = []
+    for header in sorted((build_dir / HEADER_DIR).glob("*.h*")):
+        if header.suffix == ".gch":  # ~150 MB that gzip -1 shrinks about 6x
+            target = dest / HEADER_DIR / (header.name + ".gz")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(header, "rb") as src, gzip.open(target, "wb", compresslevel=1) as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            headers.append(f"{HEADER_DIR}/{target.name}")
+        else:
+            headers.append(_copy(header, build_dir / HEADER_DIR, dest, HEADER_DIR))
+    return {"kernels": kernels, "headers": headers}
+
+
+def _copy(path: Path, root: Path, dest: Path, folder: str) -> str:
+    rel = f"{folder}/{path.relative_to(root).as_posix()}"
+    (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(path, dest / rel)
+    return rel
+
+
+def install(src: Path, packed: dict[str, list[str]]) -> int:
+    """Put packed files where Inductor looks for them; files already there are kept (same name,
+    same content key). Each lands by rename, so a concurrent worker never reads half a file.
+    Returns how many were installed."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    count = 0
+    for rel in packed["kernels"]:
+        count += _place(src / rel, Path(cache_dir()) / Path(rel).relative_to(KERNEL_DIR), gunzip=False)
+    codecache = _codecache_with_header_dir()
+    if codecache is not None:
+        for rel in packed["headers"]:
+            name = Path(rel).name.removesuffix(".gz")
+            count += _place(src / rel, Path(codecache._HEADER_DIR) / name, gunzip=rel.endswith(".gz"))
+    return count
+
+
+def _place(src: Path, target: Path, gunzip: bool) -> int:
+    if target.exists():
+        return 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".aot-", dir=target.parent)
+    with os.fdopen(fd, "wb") as out, (gzip.open(src, "rb") if gunzip else open(src, "rb")) as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+    os.replace(tmp, target)
+    return 1
+
+
+def compiled_libraries() -> set[Path]:
+    """The kernel libraries in Inductor's cache now (to tell what a load had to compile)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return set(Path(cache_dir()).glob("*/*.so"))

@@ -1,0 +1,94 @@
+"""Serve at once, compiled moments later: a verified artifact loads in a background thread.
+
+Loading an AOT artifact costs ~2-3 s of Python (Dynamo and Inductor imports, unpickling graphs,
+rebuilding guards) on top of an eager start. On a replacement instance that is capacity idling,
+so by default the worker reports ready as soon as the weights are in, serves the model's eager
+steps meanwhile, and switches to the compiled steps between two engine steps once they are
+loaded. The switch is safe at any step: compiled graphs take the weights and the KV cache from
+the live model as inputs, so both kinds of step read and write the same cache.
+
+Only a verified artifact loads in the background (a cold compile takes minutes and blocks). A
+failed background load is not silent: with on_compile_error=raise every later step raises
+CompileError (the worker answers 500 and its logs say why); with on_compile_error=eager it is
+logged at ERROR once and counted, as a failed blocking load would be.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundLoad:
+    """Runs `load` (returning an object with .prefill and .decode) in a daemon thread; until it
+    finishes, step(name) runs the eager step. Switch-over callbacks run on the serving thread."""
+
+    def __init__(self, eager: Any, load: Callable[[], Any], allow_eager: bool,
+                 on_compiled: Callable[[float], None] | None = None, on_failed: Callable[[str], None] | None = None):
+        self._eager, self._load, self._allow_eager = eager, load, allow_eager
+        self._on_compiled, self._on_failed = on_compiled, on_failed
+        self._loaded: Any = None
+        self._error: BaseException | None = None
+        self._seconds = 0.0
+        self._switched = False
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ts-llm-aot-load", daemon=True)
+
+    def start(self) -> "BackgroundLoad":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._loaded = self._load()
+        except BaseException as err:  # reported on the serving thread, see _current
+            self._error = err
+        self._seconds = time.perf_counter() - start
+        self.done.set()
+
+    @property
+    def compiled(self) -> bool:
+        return self.done.is_set() and self._error is None
+
+    def step(self, name: str) -> Callable:
+        def call(*args: Any) -> Any:
+            return getattr(self._current(), name)(*args)
+
+        return call
+
+    def _current(self) -> Any:
+        if not self.done.is_set():
+            return self._eager
+        if self._error is None:
+            if not self._switched:
+                self._switched = True
+                log.info("compiled steps loaded in the background in %.1f s; serving compiled from this step", self._seconds)
+                if self._on_compiled is not None:
+                    self._on_compiled(self._seconds)
+            return self._loaded
+        return self._eager_after_failure()
+
+    def _eager_after_failure(self) -> Any:
+        from handler.engine.compile import CompileError
+
+        reason = f"{type(self._error).__name__}: {_first_line(self._error)}"
+        if not self._allow_eager:
+            raise CompileError(f"loading the compiled model in the background failed ({reason}); "
+                               "fix it or set on_compile_error: eager") from self._error
+        if not self._switched:
+            self._switched = True
+            log.error("loading the compiled model in the background FAILED (%s); serving EAGER because "
+                      "on_compile_error=eager", reason, exc_info=self._error)
+            if self._on_failed is not None:
+                self._on_failed(reason)
+        return self._eager
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
