@@ -216,7 +216,8 @@ prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill. `hf_eag
   batch-1 step, so the roofline is {r['roofline_tokens_per_s_bs1']:.0f} tokens/s.
 - Measured {r['dtype']} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 products): at 2 FLOPs per weight per
   token, no batch size decodes faster than {r['compute_roofline_tokens_per_s']:.0f} tokens/s on this machine (the compute roofline;
-  transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it).
+  transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it, so 4x transformers would be
+  {4 * tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it).
 - Headline ({r['headline_variant']}): **{r[f'speedup_vs_hf_bs{first}']:.2f}x** transformers at batch {first},
   **{r[f'speedup_vs_hf_bs{last}']:.2f}x** at batch {last}, **{100 * r['roofline_fraction_bs1']:.0f}%** of the batch-1 roofline.
 
