@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -74,12 +75,17 @@ def with_ports(props: dict[str, str], ports: Ports) -> dict[str, str]:
     return out
 
 
+WORKER_DIED = "Backend worker process died."  # ts.model_service_worker's last words
+CRASH_LOOP = 3  # worker deaths before READY that mean its load will not succeed
+
+
 @dataclass
 class TorchServe:
     workdir: Path
     ports: Ports
     process: subprocess.Popen | None = None
     keys: dict = field(default_factory=dict)
+    model_log_offset: int = 0  # where this run's part of a reused logs/model_log.log starts
 
     @property
     def inference_url(self) -> str:
@@ -126,8 +132,23 @@ class TorchServe:
                 raise TorchServeError(f"TorchServe exited; see {self.workdir / 'logs'}")
             if self.ready_workers(model):
                 return time.monotonic() - start
+            deaths, last_error = self.worker_deaths()
+            if deaths >= CRASH_LOOP:  # TorchServe would restart it for ever, with backoff
+                raise TorchServeError(f"model {model!r}: its worker died {deaths} times while loading; last error: "
+                                      f"{last_error or 'none logged'}; see {self.workdir / 'logs' / 'model_log.log'}")
             time.sleep(0.2)
         raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
+
+    def worker_deaths(self) -> tuple[int, str | None]:
+        """How often a worker died since this TorchServe started, and the last exception line logged."""
+        path = self.workdir / "logs" / "model_log.log"
+        if not path.exists():
+            return 0, None
+        with open(path, "rb") as f:
+            f.seek(self.model_log_offset)
+            lines = f.read().decode(errors="replace").splitlines()
+        errors = [re.sub(r"^.*MODEL_LOG - ", "", ln) for ln in lines if re.search(r"\w(Error|Exception): ", ln)]
+        return sum(WORKER_DIED in ln for ln in lines), errors[-1] if errors else None
 
     def stop(self, timeout: float = 60) -> None:
         subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
@@ -168,11 +189,13 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     write_properties(props, config)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
            "--models", *(f"{name}={mar}" for name, mar in models.items())]
+    model_log = workdir / "logs" / "model_log.log"
+    log_offset = model_log.stat().st_size if model_log.exists() else 0
     # The JVM writes key_file.json and ts.pid into its working directory.
     log = open(workdir / "torchserve.out", "ab")
     process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    ts = TorchServe(workdir, ports or _ports_from(props), process)
+    ts = TorchServe(workdir, ports or _ports_from(props), process, model_log_offset=log_offset)
     _wait_for_key_file(ts, props)
     return ts
 
