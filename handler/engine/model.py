@@ -98,6 +98,25 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor) -> Tensor:
+    """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
+    sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D].
+
+    Written out rather than F.scaled_dot_product_attention: for one query row with a mask and
+    grouped KV heads, CPU SDPA costs 3-4x this (1 ms vs 0.3 ms per layer at batch 32, 64
+    positions). The query heads sharing a KV head form the rows of one matmul, so keys and
+    values are read once per KV head; scores are taken in fp32 for the softmax, as eager HF does.
+    """
+    b, h, _, d = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.view(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head i uses KV head i // G
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * d**-0.5  # [B, K, G, S]
+    visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).view(b, h, 1, d)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -149,10 +168,7 @@ class Attention(nn.Module):
         torch._check(b <= self.kv_cache.k.shape[0])
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
-        # mask: [B, 1, 1, S], slot b sees its own positions 0..input_pos[b]
-        mask = torch.arange(kv_len, device=x.device)[None, :] <= input_pos[:, None]
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=True)
-        return self._out(y)
+        return self._out(decode_attention(q, keys, values, input_pos))
 
 
 class FeedForward(nn.Module):
