@@ -110,11 +110,20 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor)
     b, h, _, d = q.shape
     kv_heads = keys.shape[1]
     grouped = q.view(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head i uses KV head i // G
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * d**-0.5  # [B, K, G, S]
+    if torch.compiler.is_compiling():
+        # As reductions Inductor fuses with the mask and softmax (no bmm calls, fp32 sums).
+        scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
+    else:
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
+    scores = scores * d**-0.5  # [B, K, G, S]
     visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(b, h, 1, d)
+    probs = scores.softmax(dim=-1)
+    if torch.compiler.is_compiling():
+        out = (probs[..., None] * values[:, :, None, :, :].float()).sum(-2).to(values.dtype)
+    else:
+        out = torch.matmul(probs.to(values.dtype), values)
+    return out.view(b, h, 1, d)
 
 
 class RMSNorm(nn.Module):
