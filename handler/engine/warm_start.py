@@ -15,12 +15,15 @@ logged at ERROR once and counted, as a failed blocking load would be.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+LOADING_SWITCH_INTERVAL = 0.0005  # seconds, while a background load runs
 
 
 class BackgroundLoad:
@@ -44,10 +47,16 @@ class BackgroundLoad:
 
     def _run(self) -> None:
         start = time.perf_counter()
+        # Loading is Python (unpickling, guards) holding the GIL; eager steps need it back
+        # between their ops. A shorter switch interval (default 5 ms) keeps them responsive.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(LOADING_SWITCH_INTERVAL)
         try:
             self._loaded = self._load()
         except BaseException as err:  # reported on the serving thread, see _current
             self._error = err
+        finally:
+            sys.setswitchinterval(interval)
         self._seconds = time.perf_counter() - start
         self.done.set()
 
