@@ -42,6 +42,11 @@ def spot_summary(args: argparse.Namespace, spot: Any) -> dict[str, Any]:
         "requests_refused": {k: counts[k] for k in REFUSED},
         "requests_lost": sum(counts[k] for k in LOST),
         "lost_by_kind": {k: counts[k] for k in LOST},
+        # Connected after the drain's stop step began, reset by TorchServe's frontend as it shut
+        # down: clients that ignore readiness and the load balancer's deregistration.
+        "lost_connected_after_stop_began": sum(
+            1 for r in spot.records if r.outcome in LOST and "started_epoch" in steps.get("stop", {})
+            and r.start >= steps["stop"]["started_epoch"]),
         "requests_sent_after_notice": sum(1 for r in spot.records if r.start >= spot.notice_at),
         "accepted_in_flight_at_notice": _accepted_at(spot.records, spot.notice_at),
         "completed_after_notice": sum(1 for r in spot.records if r.outcome == "completed"
@@ -245,7 +250,7 @@ sidecar's `/ready` did not answer 200).
 | requests sent | {r['requests_sent']} ({r['requests_sent_after_notice']} after the notice) |
 | completed (200 and the whole answer) | {r['requests_completed']} ({r['completed_after_notice']} finished after the notice) |
 | refused before acceptance (retryable) | {r['requests_refused']['refused_503']} with 503, {r['requests_refused']['refused_connect']} connection refused |
-| **lost** (accepted, then failed, cut off or unanswered) | **{r['requests_lost']}** |
+| **lost** (accepted, then failed, cut off or unanswered) | **{r['requests_lost']}** ({r['lost_connected_after_stop_began']} of them connected after the stop step began and were reset by the stopping frontend) |
 | accepted and generating at the notice (client view) | {r['accepted_in_flight_at_notice']} |
 | in flight at drain start / at stop (sidecar's view: queue + running) | {r['in_flight_at_notice']} / {r['in_flight_at_stop']} |
 | drain (sidecar sees the notice to TorchServe stopped) | {r['drain_seconds']} s |
