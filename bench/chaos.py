@@ -25,6 +25,8 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,25 +117,37 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- phase 1: spot interruption
 
-def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, checkpoint: Path,
-               moto: Moto) -> SpotPhase:
-    work.mkdir(parents=True)
-    cache_key = write_compile_cache(work / "compile-cache", checkpoint)
+@contextmanager
+def replica_with_sidecar(work: Path, store: Path,
+                         settings: Callable[[MetadataEmulator], dict[str, object]]) -> Iterator[tuple[TorchServe, Sidecar, MetadataEmulator]]:
+    """TorchServe, the metadata emulator and a sidecar watching it (settings from the emulator),
+    yielded once the sidecar reports ready; all three are always stopped."""
     ts = start_replica_torchserve(store, work / "ts")
     emulator = MetadataEmulator().start()
     sidecar: Sidecar | None = None
     try:
-        sidecar = start_sidecar(work, ts, spot_settings(args, emulator, moto, flag, work))
+        sidecar = start_sidecar(work, ts, settings(emulator))
         _until(lambda: sidecar.ready() == 200, 60, "the sidecar to report ready")
-        phase = SpotPhase(start=time.time(), cache_key=cache_key)
-        run_spot(args, phase, ts, sidecar, emulator)
-        phase.s3_objects = published_objects(moto, str(cache_key["digest"]))
-        return phase
+        yield ts, sidecar, emulator
     finally:
         if sidecar is not None:
             stop_process(sidecar.process)
         stop_torchserve(ts)
         emulator.stop()
+
+
+def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, checkpoint: Path,
+               moto: Moto) -> SpotPhase:
+    work.mkdir(parents=True)
+    cache_key = write_compile_cache(work / "compile-cache", checkpoint)
+    def settings(emulator: MetadataEmulator) -> dict[str, object]:
+        return spot_settings(args, emulator, moto, flag, work)
+
+    with replica_with_sidecar(work, store, settings) as (ts, sidecar, emulator):
+        phase = SpotPhase(start=time.time(), cache_key=cache_key)
+        run_spot(args, phase, ts, sidecar, emulator)
+        phase.s3_objects = published_objects(moto, str(cache_key["digest"]))
+        return phase
 
 
 def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: Moto, flag: Path,
@@ -174,26 +188,19 @@ def run_spot(args: argparse.Namespace, phase: SpotPhase, ts: TorchServe, sidecar
 
 def kill_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path) -> KillPhase:
     work.mkdir(parents=True)
-    ts = start_replica_torchserve(store, work / "ts")
-    emulator = MetadataEmulator().start()
-    sidecar: Sidecar | None = None
-    try:
-        settings = {"clouds": "aws", "aws_metadata_url": emulator.url, "poll_interval_s": 2.0,
-                    "signal_grace_s": 30, "drain_margin_s": 3, "publish_reserve_s": 0,
-                    "stop_reserve_s": 6, "drain_flag_file": str(flag)}
-        sidecar = start_sidecar(work, ts, settings)
-        _until(lambda: sidecar.ready() == 200, 60, "the sidecar to report ready")
+
+    def settings(emulator: MetadataEmulator) -> dict[str, object]:
+        return {"clouds": "aws", "aws_metadata_url": emulator.url, "poll_interval_s": 2.0,
+                "signal_grace_s": 30, "drain_margin_s": 3, "publish_reserve_s": 0,
+                "stop_reserve_s": 6, "drain_flag_file": str(flag)}
+
+    with replica_with_sidecar(work, store, settings) as (ts, sidecar, _):
         phase = KillPhase(start=time.time())
         run_kill(args, phase, ts, sidecar)
         # SIGTERM: the sidecar's own drain stops TorchServe, as a kubelet's would.
         stop_process(sidecar.process, timeout_s=60)
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
         return phase
-    finally:
-        if sidecar is not None:
-            stop_process(sidecar.process)
-        stop_torchserve(ts)
-        emulator.stop()
 
 
 def run_kill(args: argparse.Namespace, phase: KillPhase, ts: TorchServe,

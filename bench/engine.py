@@ -44,31 +44,29 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def best_seconds(fn, device: str, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def memory_bandwidth(device: str) -> float:
     """Read bandwidth in bytes/s: best of 10 sums over 256 MiB."""
     x = torch.ones(64 * 2**20, dtype=torch.float32, device=device)
-    best = float("inf")
-    for _ in range(10):
-        sync(device)
-        t = time.perf_counter()
-        x.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+    return x.numel() * 4 / best_seconds(x.sum, device, 10)
 
 
 def peak_matmul_flops(device: str, dtype: torch.dtype) -> float:
-    """Matmul throughput in FLOP/s: best of 5 square 2048 products in the serving dtype. Decode
-    at large batch is bound by it: every token costs 2 FLOPs per weight."""
+    """Matmul throughput in FLOP/s: best of 5 square 2048 products in the serving dtype (after
+    one that warms up the BLAS). Decode at large batch is bound by it: every token costs 2 FLOPs
+    per weight."""
     a = torch.randn(2048, 2048, dtype=dtype, device=device)
-    best = float("inf")
-    for _ in range(6):  # the first warms up the BLAS
-        sync(device)
-        t = time.perf_counter()
-        a @ a
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * 2048**3 / best
+    return 2 * 2048**3 / best_seconds(lambda: a @ a, device, 6)
 
 
 def weight_bytes_per_token(model) -> int:

@@ -89,21 +89,11 @@ def batched_tokens_per_s(ts: TorchServe, n: int, concurrency: int) -> float:
 SWITCHED = "serving compiled from this step"  # handler.engine.warm_start's log line at the switch
 
 
-def model_log(workdir: Path, offset: int = 0) -> str:
-    """The worker log from `offset` on (a restart appends to the same file)."""
-    path = workdir / "logs" / "model_log.log"
-    if not path.exists():
-        return ""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
-
-
-def wait_compiled(ts: TorchServe, log_offset: int, timeout: float = 120) -> None:
+def wait_compiled(ts: TorchServe, timeout: float = 120) -> None:
     """Block until a background-loading worker serves compiled steps. The switch happens at an
     engine step, so steps are driven with 1-token requests meanwhile (as traffic would)."""
     deadline = time.monotonic() + timeout
-    while SWITCHED not in model_log(ts.workdir, log_offset):
+    while SWITCHED not in ts.model_log():
         if time.monotonic() > deadline:
             raise TimeoutError("the worker never switched to compiled steps")
         requests.post(f"{ts.inference_url}/predictions/llm", headers=ts.headers(),
@@ -111,10 +101,9 @@ def wait_compiled(ts: TorchServe, log_offset: int, timeout: float = 120) -> None
         time.sleep(0.1)
 
 
-def engine_line(workdir: Path) -> str:
+def engine_line(ts: TorchServe) -> str:
     """The worker's own account of its load ("engine ready: ... compile X s (mode)")."""
-    log = workdir / "logs" / "model_log.log"
-    lines = [ln for ln in log.read_text().splitlines() if "engine ready:" in ln] if log.exists() else []
+    lines = [ln for ln in ts.model_log().splitlines() if "engine ready:" in ln]
     return re.sub(r"^.*engine ready: ", "", lines[-1]) if lines else ""
 
 
@@ -126,8 +115,6 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
     if cache_dir is not None:
         env["TS_LLM_CACHE_DIR"] = str(cache_dir)
     (home / "work" / "key_file.json").unlink(missing_ok=True)  # a restart must not read the last run's keys
-    log_path = home / "work" / "logs" / "model_log.log"
-    log_offset = log_path.stat().st_size if log_path.exists() else 0
     start = time.monotonic()
     pre = before() if before is not None else {}
     started = time.monotonic()
@@ -137,19 +124,19 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
         ready = time.monotonic()
         run = {"ready_s": ready - start, "torchserve_to_first_prediction_s": ready - started, **pre}
         print(f"{name}: ready in {run['ready_s']:.1f} s", flush=True)
-        if "(aot-background)" in engine_line(ts.workdir):
-            wait_compiled(ts, log_offset)
+        run["engine"] = engine_line(ts)
+        if "(aot-background)" in run["engine"]:
+            wait_compiled(ts)
             run["compiled_s"] = time.monotonic() - start
             print(f"{name}: serving compiled after {run['compiled_s']:.1f} s", flush=True)
-        elif "(eager)" not in engine_line(ts.workdir):
+        elif "(eager)" not in run["engine"]:
             run["compiled_s"] = run["ready_s"]
         run["decode_tokens_per_s_bs1"] = decode_tokens_per_s(ts, args.decode_tokens)
         run[f"output_tokens_per_s_c{args.concurrency}"] = batched_tokens_per_s(ts, args.decode_tokens, args.concurrency)
-        run["engine"] = engine_line(ts.workdir)
         found = re.search(r"compile ([\d.]+) s \(([\w-]+)\)", run["engine"])
         if found:  # the worker's own time to compile or load its steps, and which it did
             run["engine_compile_s"], run["engine_mode"] = float(found.group(1)), found.group(2)
-        loaded = re.search(r"loaded in the background in ([\d.]+) s", model_log(ts.workdir, log_offset))
+        loaded = re.search(r"loaded in the background in ([\d.]+) s", ts.model_log())
         if loaded:
             run["engine_compile_s"] = float(loaded.group(1))
         if found:

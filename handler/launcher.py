@@ -139,14 +139,18 @@ class TorchServe:
             time.sleep(0.2)
         raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
 
-    def worker_deaths(self) -> tuple[int, str | None]:
-        """How often a worker died since this TorchServe started, and the last exception line logged."""
+    def model_log(self) -> str:
+        """What the workers logged since this TorchServe started (a restart appends to the file)."""
         path = self.workdir / "logs" / "model_log.log"
         if not path.exists():
-            return 0, None
+            return ""
         with open(path, "rb") as f:
             f.seek(self.model_log_offset)
-            lines = f.read().decode(errors="replace").splitlines()
+            return f.read().decode(errors="replace")
+
+    def worker_deaths(self) -> tuple[int, str | None]:
+        """How often a worker died since this TorchServe started, and the last exception line logged."""
+        lines = self.model_log().splitlines()
         errors = [re.sub(r"^.*MODEL_LOG - ", "", ln) for ln in lines if re.search(r"\w(Error|Exception): ", ln)]
         return sum(WORKER_DIED in ln for ln in lines), errors[-1] if errors else None
 

@@ -26,7 +26,7 @@ from handler.engine import aot, artifacts, cpp_cache
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
-from handler.engine.warm_start import BackgroundLoad
+from handler.engine.warm_start import BackgroundLoad, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: Callable[[st
     try:
         return _compiled(model, cfg, artifacts_wanted, on_fallback, on_compiled)
     except Exception as err:  # Dynamo/Inductor raise many types; all mean "no compiled model"
-        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        reason = failure_reason(err)
         if cfg.on_compile_error != "eager":
             raise CompileError(f"compiling or loading the compiled model failed ({reason}); "
                                "fix it or set on_compile_error: eager") from err

@@ -110,7 +110,8 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor)
     b, h, _, d = q.shape
     kv_heads = keys.shape[1]
     grouped = q.view(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head i uses KV head i // G
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if compiling:
         # As reductions Inductor fuses with the mask and softmax (no bmm calls, fp32 sums).
         scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
     else:
@@ -119,7 +120,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor)
     visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
-    if torch.compiler.is_compiling():
+    if compiling:
         out = (probs[..., None] * values[:, :, None, :, :].float()).sum(-2).to(values.dtype)
     else:
         out = torch.matmul(probs.to(values.dtype), values)

@@ -85,7 +85,7 @@ class BackgroundLoad:
     def _eager_after_failure(self) -> Any:
         from handler.engine.compile import CompileError
 
-        reason = f"{type(self._error).__name__}: {_first_line(self._error)}"
+        reason = failure_reason(self._error)
         if not self._allow_eager:
             raise CompileError(f"loading the compiled model in the background failed ({reason}); "
                                "fix it or set on_compile_error: eager") from self._error
@@ -98,6 +98,7 @@ class BackgroundLoad:
         return self._eager
 
 
-def _first_line(err: BaseException) -> str:
+def failure_reason(err: BaseException) -> str:
+    """`Type: first line of the message`: what a compile or load failure is logged and counted as."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
