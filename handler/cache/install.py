@@ -12,6 +12,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,19 +21,31 @@ from handler.cache.errors import ArtifactVerificationError
 from handler.cache.manifest import MANIFEST_NAME, Manifest, sizes_match
 
 
+_held = threading.local()  # lock files this thread holds: re-entering one is a no-op
+
+
 @contextmanager
 def install_lock(dest_dir: Path) -> Iterator[None]:
     """Exclusive lock shared by every process (and thread) installing into dest_dir.
 
-    The lock file is left behind: unlinking it would let a late waiter lock an inode that a
-    newcomer no longer sees. A crashed holder releases the lock with its file descriptor.
+    Re-entrant within a thread (a restore that holds it across TorchServe's start, see
+    handler.cache.sync.restore_in_background, then fetches). The lock file is left behind:
+    unlinking it would let a late waiter lock an inode that a newcomer no longer sees. A
+    crashed holder releases the lock with its file descriptor.
     """
     dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest_dir.parent / f".{dest_dir.name}.lock", "a") as f:
+    path = (dest_dir.parent / f".{dest_dir.name}.lock").resolve()
+    held = _held.__dict__.setdefault("paths", set())
+    if path in held:
+        yield
+        return
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
+        held.add(path)
         try:
             yield
         finally:
+            held.discard(path)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

@@ -7,10 +7,13 @@ artifact means a cold compile, announced in one log line.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future
 from enum import StrEnum
 from pathlib import Path
 
 from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError, CacheStoreError
+from handler.cache.install import install_lock
 from handler.cache.key import CacheKey
 from handler.cache.store import ArtifactStore
 
@@ -53,6 +56,34 @@ def restore(store: ArtifactStore, key: CacheKey, dest_dir: Path,
     log.info("compile cache: restored %s (%d files, %.1f MB) from %s in %.2f s", digest, result.files,
              result.bytes / 1e6, where, result.seconds)
     return RestoreOutcome.RESTORED
+
+
+def restore_in_background(store: ArtifactStore, key: CacheKey, dest_dir: Path,
+                          log: logging.Logger | None = None) -> Future[RestoreOutcome]:
+    """`restore` in a thread; returns once that thread holds dest_dir's install lock.
+
+    A worker looks its artifact up under the same lock (handler.engine.artifacts.holding), so
+    TorchServe can be started now: its JVM and worker start overlap the download, and the
+    worker's lookup waits for the restore to end instead of finding nothing and compiling.
+    """
+    outcome: Future[RestoreOutcome] = Future()
+    locked = threading.Event()
+
+    def run() -> None:
+        try:
+            with install_lock(dest_dir):
+                locked.set()
+                result = restore(store, key, dest_dir, log)
+        except BaseException as err:  # handed to whoever waits on the future
+            outcome.set_exception(err)
+        else:
+            outcome.set_result(result)
+        finally:
+            locked.set()
+
+    threading.Thread(target=run, name="cache-restore", daemon=True).start()
+    locked.wait()
+    return outcome
 
 
 def publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,

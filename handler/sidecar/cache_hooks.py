@@ -17,8 +17,9 @@ ArtifactDirError, and so is a directory holding a symlink. A directory with noth
 file (the pod's key step wrote it, and the worker loaded the .mar's own artifact) or nothing at
 all has nothing to publish.
 
-The restore runs in its own process (an init container), so its counters cannot live on the
-watching sidecar's registry directly: it writes them to a small record beside the cache dir
+The restore runs in its own process (an init container), or in a thread of the entrypoint while
+TorchServe starts (restore_at_start), so its counters do not go to the watching sidecar's
+registry directly: it writes them to a small record beside the cache dir
 (`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start.
 """
 
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 import types
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +108,36 @@ def restore_record_path(cache_dir: Path) -> Path:
 
 def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
             region: str | None = None) -> str:
+    return str(start_restore(store_uri, key_path, dest_dir, endpoint_url, region).result())
+
+
+def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
+                  region: str | None = None) -> Future[str]:
+    """The restore, running once this returns and holding the cache dir's install lock (see
+    handler.cache.sync.restore_in_background): a worker started now waits for it. Its outcome
+    and counters go to the restore record when it ends."""
     sync = sync_module()
-    # This process ends after the restore: the record carries its counts to the sidecar.
+    # The counters leave through the record (a restore step is its own process).
     registry = CollectorRegistry()
     store = open_store(store_uri, endpoint_url, region, cache_metrics(registry))
+    restoring: Future[str]
     if not key_path.exists():
         log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
                     key_path)
-        outcome = NO_KEY
+        restoring = Future()
+        restoring.set_result(NO_KEY)
     else:
-        outcome = str(sync.restore(store, load_key(key_path), dest_dir, log))
-    _write_restore_record(dest_dir, outcome, registry)
+        restoring = sync.restore_in_background(store, load_key(key_path), dest_dir, log)
+    outcome: Future[str] = Future()  # resolved once the record is written
+
+    def record(done: Future[str]) -> None:
+        if done.exception() is not None:
+            outcome.set_exception(done.exception())
+            return
+        _write_restore_record(dest_dir, str(done.result()), registry)
+        outcome.set_result(str(done.result()))
+
+    restoring.add_done_callback(record)
     return outcome
 
 

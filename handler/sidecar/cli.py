@@ -64,6 +64,10 @@ def setup_logging() -> None:
 
 def run_watch(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if config.restore_at_start:
+        raise ConfigError("restore_at_start is for the entrypoint (python -m "
+                          "handler.sidecar.entrypoint), which starts TorchServe; run "
+                          "`ts-llm-sidecar restore` before TorchServe instead")
     with Sidecar(config) as sidecar:
         report = sidecar.run()
     return 0 if report is None else report.exit_code

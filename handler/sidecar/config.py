@@ -87,6 +87,9 @@ class SidecarConfig:
     cache_dir: str | None = _f(None, "local compile cache directory")
     cache_key: str | None = _f(None, "cache key JSON (CacheKey.describe()); default: "
                                      f"<cache_dir>/{KEY_FILE_NAME}")
+    restore_at_start: bool = _f(False, "entrypoint only: restore the compile cache while "
+                                       "TorchServe starts (its worker waits for the download) "
+                                       "instead of in a restore step before it")
     publish_after_start: bool = _f(True, "with a cache store, publish once when TorchServe is "
                                          "first ready (a cold start's artifact reaches the "
                                          "store then); the drain publishes regardless")
@@ -121,6 +124,9 @@ class SidecarConfig:
             raise ConfigError("cache_store (--cache-store) and cache_dir (--cache-dir) go "
                               f"together; got cache_store={self.cache_store!r} "
                               f"cache_dir={self.cache_dir!r}")
+
+        if self.restore_at_start and not self.cache_store:
+            raise ConfigError("restore_at_start needs cache_store and cache_dir")
 
     @property
     def cache_key_path(self) -> Path | None:

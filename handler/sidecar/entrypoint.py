@@ -8,6 +8,10 @@ child runs in its own session (so a terminal's Ctrl-C or a stray group signal ca
 first), and SIGTERM/SIGINT become a termination notice that runs the normal drain, whose last
 step stops the child's process tree. Exit code: the drain's (0 after a clean stop), or the
 child's own when TorchServe exits without a notice.
+
+With --restore-at-start the compile cache is restored here while TorchServe starts, not in a
+step before it: the download overlaps the JVM's and the worker's start (seconds), and the
+worker's artifact lookup waits for it under the cache dir's install lock.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
 
+from handler.sidecar import cache_hooks
 from handler.sidecar.cli import setup_logging
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
 from handler.sidecar.errors import ConfigError
@@ -42,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     # The sidecar (and its signal handlers) come up before the child, so there is no moment
     # where a SIGTERM would kill this process and orphan TorchServe.
     with Sidecar(config, Hooks(stop_torchserve=child.stop)) as sidecar:
+        if config.restore_at_start:
+            start_restore(config, on_done=sidecar.export_restore)
         try:
             child.start()
         except OSError as err:
@@ -52,6 +62,24 @@ def main(argv: list[str] | None = None) -> int:
         return report.exit_code
     log.error("TorchServe exited on its own with %s; no drain ran", child.returncode)
     return _exit_code(child.returncode)
+
+
+def start_restore(config: SidecarConfig, on_done: Callable[[], None]) -> Future[str]:
+    """on_done() runs when the restore has ended and written its record. Returns holding the cache dir's install lock, so the worker TorchServe starts next waits
+    for the download at its artifact lookup: the JVM and worker start overlap the restore."""
+    assert config.cache_store and config.cache_dir and config.cache_key_path, "checked by the config"
+    restoring = cache_hooks.start_restore(config.cache_store, config.cache_key_path, Path(config.cache_dir),
+                                          config.aws_endpoint_url, config.aws_region)
+
+    def done(outcome: Future[str]) -> None:
+        if outcome.exception() is not None:
+            log.error("cache restore failed: %s; TorchServe will compile cold", outcome.exception())
+        else:
+            log.info("cache restore: %s", outcome.result())
+            on_done()
+
+    restoring.add_done_callback(done)
+    return restoring
 
 
 class Child:

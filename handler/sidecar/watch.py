@@ -108,7 +108,8 @@ class Sidecar:
                         self.config.drain_flag_file)
         if self.config.asg_name:
             self._autoscaling = _aws_client(self.config, "autoscaling")
-        self._export_restore()
+        if not self.config.restore_at_start:  # else the entrypoint exports it when it ends
+            self.export_restore()
         for warning in self.budget_warnings():
             log.warning("%s", warning)
         self._running = True
@@ -198,9 +199,9 @@ class Sidecar:
 
     # ---- pieces
 
-    def _export_restore(self) -> None:
-        """The restore step ran in another process (the init container): its record carries
-        the outcome and the store's counters onto this registry."""
+    def export_restore(self) -> None:
+        """The restore ran in another process (an init container) or thread (the entrypoint's
+        restore_at_start): its record carries the outcome and the store's counters here."""
         if self.cache_metrics is None or not self.config.cache_dir:
             return
         record = cache_hooks.read_restore_record(Path(self.config.cache_dir))

@@ -274,3 +274,10 @@ def test_missing_cache_package_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path
     with caplog.at_level(logging.ERROR):
         assert main(["restore", "--cache-store", "s3://b/p", "--cache-dir", str(tmp_path)]) == 2
     assert "handler.cache.sync is not available" in caplog.text
+
+
+def test_watch_refuses_restore_at_start(tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert main(["watch", "--cache-store", str(tmp_path / "s"), "--cache-dir", str(tmp_path / "aot"),
+                     "--restore-at-start", "true"]) == 2
+    assert "entrypoint" in caplog.text

@@ -17,7 +17,7 @@ from handler.sidecar.emulator import MetadataEmulator
 from handler.sidecar.entrypoint import parse
 from handler.sidecar.errors import ConfigError
 
-from .conftest import FakeManagement
+from .conftest import FakeManagement, install_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,8 +34,8 @@ CHILD = textwrap.dedent("""
 
 
 def start(emulator: MetadataEmulator, management: FakeManagement,
-          child: str = CHILD) -> subprocess.Popen[str]:
-    flags = ["--clouds", "aws", "--aws-metadata-url", emulator.url,
+          child: str = CHILD, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    flags = [*extra, "--clouds", "aws", "--aws-metadata-url", emulator.url,
              "--management-url", management.url, "--metrics-url", management.metrics_url,
              "--listen-host", "127.0.0.1",
              "--listen-port", "0", "--poll-interval-s", "0.05", "--drain-margin-s", "1",
@@ -84,6 +84,35 @@ def test_child_exiting_on_its_own_passes_its_code_through(emulator: MetadataEmul
     proc = start(emulator, management, child="import sys; print('child up'); sys.exit(3)")
     code, _, report = finish(proc)
     assert code == 3 and report is None
+
+
+def test_restore_at_start_is_done_before_the_child_looks(emulator: MetadataEmulator,
+                                                        management: FakeManagement, tmp_path: Path) -> None:
+    from handler.sidecar.cli import main as cli
+
+    src, dest, store = tmp_path / "compiled", tmp_path / "cache" / "aot", str(tmp_path / "store")
+    install_artifact(src)
+    assert cli(["publish", "--cache-store", store, "--cache-dir", str(src)]) == 0
+    # The child looks under the install lock, as a TorchServe worker does (artifacts.holding).
+    child = textwrap.dedent(f"""
+        from pathlib import Path
+        from handler.cache.install import install_lock
+        dest = Path({str(dest)!r})
+        with install_lock(dest):
+            print("child saw", sorted(p.name for p in dest.iterdir()) if dest.exists() else None, flush=True)
+    """)
+    proc = start(emulator, management, child, ("--cache-store", store, "--cache-dir", str(dest),
+                                               "--cache-key", str(src / "cache-key.json"),
+                                               "--restore-at-start", "true"))
+    code, out, _ = finish(proc)
+    assert code == 0, out
+    assert "'a.bin'" in out and "'cache-key.json'" in out, out
+    assert json.loads((tmp_path / "cache" / ".aot.restore.json").read_text())["outcome"] == "restored"
+
+
+def test_restore_at_start_needs_a_store() -> None:
+    with pytest.raises(ConfigError, match="restore_at_start needs cache_store"):
+        parse(["--restore-at-start", "true", "--", "torchserve", "--start"])
 
 
 def test_torchserve_start_gets_foreground_and_the_key_file() -> None:
