@@ -124,7 +124,6 @@ class SidecarConfig:
             raise ConfigError("cache_store (--cache-store) and cache_dir (--cache-dir) go "
                               f"together; got cache_store={self.cache_store!r} "
                               f"cache_dir={self.cache_dir!r}")
-
         if self.restore_at_start and not self.cache_store:
             raise ConfigError("restore_at_start needs cache_store and cache_dir")
 

@@ -50,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     # The sidecar (and its signal handlers) come up before the child, so there is no moment
     # where a SIGTERM would kill this process and orphan TorchServe.
     with Sidecar(config, Hooks(stop_torchserve=child.stop)) as sidecar:
-        if config.restore_at_start:
-            start_restore(config, on_done=sidecar.export_restore)
+        try:
+            if config.restore_at_start:
+                start_restore(config, on_done=sidecar.export_restore)
+        except ConfigError as err:  # an unusable store URI or key file, as `restore` reports it
+            log.error("configuration error: %s", err)
+            return 2
         try:
             child.start()
         except OSError as err:
@@ -65,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def start_restore(config: SidecarConfig, on_done: Callable[[], None]) -> Future[str]:
-    """on_done() runs when the restore has ended and written its record. Returns holding the cache dir's install lock, so the worker TorchServe starts next waits
-    for the download at its artifact lookup: the JVM and worker start overlap the restore."""
+    """Returns holding the cache dir's install lock, so the worker TorchServe starts next waits
+    for the download at its artifact lookup: the JVM and worker start overlap the restore.
+    on_done() runs when the restore has ended and written its record."""
     assert config.cache_store and config.cache_dir and config.cache_key_path, "checked by the config"
     restoring = cache_hooks.start_restore(config.cache_store, config.cache_key_path, Path(config.cache_dir),
                                           config.aws_endpoint_url, config.aws_region)

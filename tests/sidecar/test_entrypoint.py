@@ -110,6 +110,17 @@ def test_restore_at_start_is_done_before_the_child_looks(emulator: MetadataEmula
     assert json.loads((tmp_path / "cache" / ".aot.restore.json").read_text())["outcome"] == "restored"
 
 
+def test_restore_at_start_with_a_bad_key_file_is_a_config_error(emulator: MetadataEmulator,
+                                                                management: FakeManagement, tmp_path: Path) -> None:
+    (tmp_path / "key.json").write_text("not json")
+    proc = start(emulator, management, extra=("--cache-store", str(tmp_path / "store"), "--cache-dir",
+                                              str(tmp_path / "aot"), "--cache-key", str(tmp_path / "key.json"),
+                                              "--restore-at-start", "true"))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and "child up" not in out
+    assert "is not a cache key file" in err
+
+
 def test_restore_at_start_needs_a_store() -> None:
     with pytest.raises(ConfigError, match="restore_at_start needs cache_store"):
         parse(["--restore-at-start", "true", "--", "torchserve", "--start"])
