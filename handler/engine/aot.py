@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 StepName = Literal["prefill", "decode"]
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-FORMAT = 3  # bump when the layout below changes; it is part of the artifact's cache key
+FORMAT = 4  # bump when the layout below changes; it is part of the artifact's cache key
 
 
 class AotError(RuntimeError):

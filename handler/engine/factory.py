@@ -35,6 +35,9 @@ def build_engine(cfg: EngineConfig, on_fallback: Callable[[str], None] | None = 
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     model = load_model(ckpt, cfg.torch_dtype, cfg.device)
+    if cfg.packed_weights and not model.pack_weights():
+        log.info("packed_weights: oneDNN packing is used for bfloat16 on CPU only; %s on %s uses plain weights",
+                 cfg.dtype, cfg.device)
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
     steps = build_steps(model, cfg, on_fallback, _artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
     tokenizer = Tokenizer.from_dir(ckpt.path)

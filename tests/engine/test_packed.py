@@ -1,0 +1,101 @@
+"""oneDNN-packed projection weights: same results as the plain ones, in eager and compiled graphs."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from handler.engine import packed
+from handler.engine.model import ModelArgs, Transformer
+
+BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this torch build")
+
+
+def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (1, 64), (3, 5, 64)])
+def test_packed_linear_equals_linear(shape):
+    w, bias = _weight(96, 64), torch.randn(96).to(torch.bfloat16)
+    x = torch.randn(*shape).to(torch.bfloat16)
+    packed.pack(w)
+    for b in (None, bias):
+        got, want = packed.packed_linear(x, w, b), F.linear(x, w, b)
+        assert got.shape == want.shape
+        assert (got.float() - want.float()).abs().max().item() < BF16_ATOL
+
+
+def test_a_weight_never_packed_is_an_error():
+    with pytest.raises(RuntimeError, match="never packed"):
+        packed.packed_linear(torch.ones(2, 64, dtype=torch.bfloat16), _weight(8, 64, seed=1))
+
+
+def test_a_view_at_a_packed_weights_address_is_an_error():
+    w = _weight(8, 64, seed=3)
+    packed.pack(w)
+    with pytest.raises(RuntimeError, match="never packed"):
+        packed.packed_linear(torch.ones(2, 64, dtype=torch.bfloat16), w[:4])
+
+
+def test_the_packed_copy_lives_as_long_as_the_weight():
+    w = _weight(32, 64, seed=2)
+    packed.pack(w)
+    entries = len(packed._packed)
+    del w
+    gc.collect()
+    assert len(packed._packed) == entries - 1
+
+
+def _tiny(dtype: torch.dtype) -> Transformer:
+    torch.manual_seed(0)
+    args = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                     intermediate_size=128, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=True)
+    model = Transformer(args)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    model = model.to(dtype).eval()
+    model.setup_cache(4, 64)
+    return model
+
+
+def _decode_logits(model: Transformer, fn=None) -> torch.Tensor:
+    fn = fn or model.decode
+    tokens, pos = torch.tensor([3, 7, 11]), torch.tensor([0, 0, 0])
+    with torch.no_grad():
+        return fn(tokens, pos, 16)
+
+
+def test_packing_the_model_keeps_its_outputs():
+    plain = _decode_logits(_tiny(torch.bfloat16))
+    model = _tiny(torch.bfloat16)
+    assert model.pack_weights()
+    got = _decode_logits(model)
+    assert (got - plain).abs().max().item() < BF16_ATOL
+    assert torch.equal(got.argmax(-1), plain.argmax(-1))
+
+
+def test_float32_models_are_not_packed():
+    assert not _tiny(torch.float32).pack_weights()
+
+
+def test_a_compiled_graph_with_packed_weights_saves_and_loads(tmp_path):
+    model = _tiny(torch.bfloat16)
+    model.pack_weights()
+    want = _decode_logits(model)
+    tokens, pos = torch.tensor([3, 7, 11]), torch.tensor([0, 0, 0])
+    torch._dynamo.decorators.mark_unbacked(tokens, 0)
+    torch._dynamo.decorators.mark_unbacked(pos, 0)
+    compiled = torch.compile(model.decode, fullgraph=True, dynamic=True)
+    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+        graph = compiled.aot_compile(((tokens, pos, 16), {}))
+    graph.save_compiled_function(str(tmp_path / "decode.bin"))
+    with open(tmp_path / "decode.bin", "rb") as f:
+        loaded = torch.compiler.load_compiled_function(f)
+    got = _decode_logits(model, lambda *args: loaded(model, *args))  # graphs take the model first
+    assert (got - want).abs().max().item() < BF16_ATOL
