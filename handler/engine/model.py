@@ -39,8 +39,8 @@ class Linear(nn.Linear):
     """nn.Linear that, when compiled for a single row (decode at batch 1), is written as a
     matrix-vector product Inductor generates itself: a vectorized reduction streaming the bf16
     weight once, parallel over output features. aten's mm reaches ~9 GB/s on that shape here
-    (its GEMM setup is sized for many rows); the reduction ~2x that. Eager calls keep F.linear:
-    the reduction form would materialize [N, K] there.
+    (its GEMM setup is sized for many rows); the reduction ~2x that. Eager calls do not use the
+    reduction form: it would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-2x faster from 1 to 128 rows on CPU, bf16)."""

@@ -33,7 +33,9 @@ def available(weight: Tensor) -> bool:
 
 
 def pack(weight: Tensor) -> None:
-    """Make packed_linear(x, weight) use a packed copy of `weight` (2-D, [N, K])."""
+    """Make packed_linear(x, weight) use a packed copy of `weight` (2-D, [N, K]). The copy is
+    taken now: pack after the weights are loaded, and again never (in-place changes to the
+    weight later would not reach it)."""
     key = weight.data_ptr()
     if key in _packed:
         return
