@@ -140,6 +140,7 @@ def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, ch
                moto: Moto) -> SpotPhase:
     work.mkdir(parents=True)
     cache_key = write_compile_cache(work / "compile-cache", checkpoint)
+
     def settings(emulator: MetadataEmulator) -> dict[str, object]:
         return spot_settings(args, emulator, moto, flag, work)
 

@@ -4,8 +4,8 @@
 first call would produce) into an object that serializes with its guards. Lengths are dynamic,
 and the batch is compiled as an unbacked size, which torch cannot specialize to 1 (its 0/1
 rule), so one graph per step usually serves every shape. That is checked, not assumed: every
-shape the Engine can send is enumerated (it pads prompts to PREFILL_PAD and attention windows as
-engine.decode_window says), and a graph is added for each shape no graph's guards accept yet. Serving therefore
+shape the Engine can send is enumerated (it pads prompts and picks attention windows as
+engine.prefill_width and engine.decode_window say), and a graph is added for each shape no graph's guards accept yet. Serving therefore
 never meets a shape that would need a recompile.
 
 Parameters and KV-cache buffers stay graph inputs, read from the live model at each call (no
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from handler.engine import cpp_cache
 from handler.engine.config import EngineConfig
-from handler.engine.engine import PREFILL_PAD, decode_window
+from handler.engine.engine import decode_window, prefill_width
 from handler.engine.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,10 @@ def example_args(step: StepName, shape: Shape, device: torch.device) -> tuple[An
 
 def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
     """Every shape the Engine can call `step` with: 1..max_batch_size sequences; prompts padded
-    to PREFILL_PAD, attention windows as engine.decode_window makes them."""
+    as engine.prefill_width pads them, attention windows as engine.decode_window makes them."""
     positions = range(1, cfg.max_seq_len + 1)
     if step == "prefill":
-        lengths = sorted({min(-(-n // PREFILL_PAD) * PREFILL_PAD, cfg.max_seq_len) for n in positions})
+        lengths = sorted({prefill_width(n, cfg.max_seq_len) for n in positions})
         return [Shape(b, n) for n in lengths for b in range(1, cfg.max_batch_size + 1)]
     return sorted({Shape(b, decode_window(n, b, cfg.max_seq_len)) for n in positions for b in range(1, cfg.max_batch_size + 1)},
                   key=lambda s: (s.length, s.batch))

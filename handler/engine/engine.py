@@ -33,6 +33,12 @@ def decode_window(positions: int, batch: int, max_seq_len: int) -> int:
         window = -(-positions // KV_BUCKET) * KV_BUCKET
     return min(window, max_seq_len)
 
+
+def prefill_width(longest_prompt: int, max_seq_len: int) -> int:
+    """The padded prompt width of a prefill whose longest prompt has `longest_prompt` tokens."""
+    return min(-(-longest_prompt // PREFILL_PAD) * PREFILL_PAD, max_seq_len)
+
+
 PrefillFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (tokens[B,T], slot_ids[B], last_index[B]) -> logits[B,V]
 DecodeFn = Callable[[Tensor, Tensor, int], Tensor]  # (tokens[B], input_pos[B], kv_len) -> logits[B,V]
 
@@ -140,8 +146,7 @@ class Engine:
         return [done[str(i)] for i in range(len(prompts))]
 
     def _run_prefill(self, seqs: list[Sequence]) -> Tensor:
-        width = -(-max(len(s.prompt_ids) for s in seqs) // PREFILL_PAD) * PREFILL_PAD
-        width = min(width, self.max_seq_len)
+        width = prefill_width(max(len(s.prompt_ids) for s in seqs), self.max_seq_len)
         tokens = torch.zeros(len(seqs), width, dtype=torch.long)
         for row, s in enumerate(seqs):
             tokens[row, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
