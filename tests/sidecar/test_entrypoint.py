@@ -121,6 +121,20 @@ def test_restore_at_start_with_a_bad_key_file_is_a_config_error(emulator: Metada
     assert "is not a cache key file" in err
 
 
+def test_a_failed_restore_at_start_is_logged_and_torchserve_still_starts(emulator: MetadataEmulator,
+                                                                         management: FakeManagement,
+                                                                         tmp_path: Path) -> None:
+    src, store = tmp_path / "compiled", str(tmp_path / "store")
+    install_artifact(src)
+    (tmp_path / "not-a-dir").write_text("")  # the cache dir's parent is a file: the restore cannot write
+    proc = start(emulator, management, "print('child up')",
+                 ("--cache-store", store, "--cache-dir", str(tmp_path / "not-a-dir" / "aot"),
+                  "--cache-key", str(src / "cache-key.json"), "--restore-at-start", "true"))
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "child up" in out
+    assert "cache restore failed" in err and "TorchServe will compile cold" in err
+
+
 def test_restore_at_start_needs_a_store() -> None:
     with pytest.raises(ConfigError, match="restore_at_start needs cache_store"):
         parse(["--restore-at-start", "true", "--", "torchserve", "--start"])
