@@ -19,6 +19,8 @@ from pathlib import Path
 
 import requests
 
+from handler.engine import platform
+
 PORT_KEYS = ("inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port")
 
 
@@ -149,10 +151,23 @@ class TorchServe:
             return f.read().decode(errors="replace")
 
     def worker_deaths(self) -> tuple[int, str | None]:
-        """How often a worker died since this TorchServe started, and the last exception line logged."""
+        """How often a worker died since this TorchServe started, and the first real cause logged."""
         lines = self.model_log().splitlines()
-        errors = [re.sub(r"^.*MODEL_LOG - ", "", ln) for ln in lines if re.search(r"\w(Error|Exception): ", ln)]
-        return sum(WORKER_DIED in ln for ln in lines), errors[-1] if errors else None
+        return sum(WORKER_DIED in ln for ln in lines), first_cause(lines)
+
+
+# What TorchServe's worker wraps a failed load in: it names no cause.
+_WRAPPERS = re.compile(r"Unknown exception|Backend worker|Load model failed|PredictionException")
+
+
+def first_cause(model_log_lines: list[str]) -> str | None:
+    """The first exception line ("Type: message") a worker logged that is not TorchServe's
+    wrapper around it: the cause of a load failure, not `RuntimeError: 500 - Unknown exception`."""
+    for line in model_log_lines:
+        text = re.sub(r"^.*MODEL_LOG - ", "", line).strip()
+        if re.match(r"^[\w.]*(Error|Exception): ", text) and not _WRAPPERS.search(text):
+            return text
+    return None
 
     def stop(self, timeout: float = 60) -> None:
         subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
@@ -165,7 +180,7 @@ class TorchServe:
 
 
 def _env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = platform.child_environment()
     # TorchServe starts workers with the `python` on PATH: make it this environment's.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     # TorchServe keeps its pid file in the temp dir: a private one lets instances coexist.

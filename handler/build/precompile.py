@@ -21,19 +21,22 @@ from handler.build.model_config import ServingOptions, model_config
 from handler.cache.key import CacheKey, digest_files
 from handler.engine import aot
 from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
-from handler.engine.checkpoint import load_model, open_checkpoint
+from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile import compile_and_install
 from handler.engine.config import EngineConfig
+from handler.engine.factory import prepare_model
+from handler.engine.platform import resolve
 from handler.serving.config import HandlerConfig
 
 MODEL_CONFIG = "model-config.yaml"  # where torch-model-archiver puts --config-file in a .mar
 
 
 def engine_config(handler_section: dict, checkpoint_dir: Path, model_yaml: dict | None = None) -> EngineConfig:
-    """The EngineConfig a worker derives from this `handler:` section (the environment and the
-    cache dir play no part in the key)."""
+    """The EngineConfig a worker on this machine derives from this `handler:` section, resolved
+    for its CPU profile (the environment and the cache dir play no part in the key)."""
     cfg = HandlerConfig.from_model_yaml({**(model_yaml or {}), "handler": handler_section}, environ={})
-    return dataclasses.replace(cfg.engine_config(checkpoint_dir.parent, None), checkpoint_dir=checkpoint_dir)
+    cfg = dataclasses.replace(cfg.engine_config(checkpoint_dir.parent, None), checkpoint_dir=checkpoint_dir)
+    return resolve(cfg)[0]
 
 
 def build_artifact(checkpoint_dir: Path, opts: ServingOptions, dest: Path) -> CacheKey:
@@ -46,8 +49,7 @@ def build_artifact(checkpoint_dir: Path, opts: ServingOptions, dest: Path) -> Ca
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(checkpoint_dir)
     key = artifact_key(cfg, digest_files(ckpt.weight_files))
-    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
-    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    model = prepare_model(ckpt, cfg)
     compile_and_install(model, cfg, key, dest)
     return key
 

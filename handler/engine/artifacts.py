@@ -8,11 +8,9 @@ and every file matches the manifest: the files are code.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import platform
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -24,7 +22,9 @@ from handler.cache.errors import ArtifactVerificationError
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
 from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
-from handler.engine import aot
+import torch
+
+from handler.engine import aot, platform
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
 
@@ -74,22 +74,28 @@ def _recorded_digest(ckpt: Checkpoint) -> str | None:
 
 def artifact_config(cfg: EngineConfig) -> dict:
     """Everything besides versions, device and weights that the compiled code depends on."""
-    return {"engine": cfg.compile_signature(), "aot_format": aot.FORMAT, "cpu_flags": cpu_flags_digest()}
+    conf = {"engine": cfg.compile_signature(), "aot_format": aot.FORMAT}
+    if torch.device(cfg.device).type == "cpu":
+        conf["cpu"] = cpu_code_target()
+    return conf
 
 
-def cpu_flags_digest() -> str:
-    """Digest of the CPU's feature flags. Inductor builds C++ kernels with -march=native, so a
-    kernel may use any instruction this CPU has; "AVX512" alone does not say which ones."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return f"unknown:{platform.processor()}"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return hashlib.sha256(" ".join(sorted(set(flags))).encode()).hexdigest()[:16]
+def cpu_code_target() -> dict:
+    """The instruction set compiled CPU code may use: the CPU profile (its -march) and the
+    vector ISA and flags Inductor builds with here, which may add to the profile what this CPU
+    has (-mavx512bf16 on Zen 4), so that an artifact never lands on a CPU without them. Two
+    machines of one profile and the same such flags share artifacts, whatever else they differ in."""
+    from torch._inductor import cpu_vec_isa
+
+    plat = platform.current()
+    isa = cpu_vec_isa.pick_vec_isa()
+    return {"profile": plat.profile.name, "march": plat.profile.march, "vec_isa": str(isa),
+            "vec_flags": isa.build_arch_flags() if isa else ""}
 
 
 def artifact_key(cfg: EngineConfig, weights: str) -> CacheKey:
-    return current_key(weights, artifact_config(cfg), cfg.device)
+    """The key of what a worker with `cfg` runs here (`auto` resolved for this CPU)."""
+    return current_key(weights, artifact_config(platform.resolve(cfg)[0]), cfg.device)
 
 
 def write_key_file(key: CacheKey, path: Path) -> None:
@@ -166,8 +172,12 @@ def log_check(checked: Checked, key: CacheKey, on_rejected: Callable[[], None] |
         if on_rejected is not None:
             on_rejected()
     elif checked.verdict == Verdict.OTHER_KEY:
-        log.warning("compile artifacts at %s were built for another key (%s); this worker needs %s",
+        # Not loaded either (another CPU target, torch, config or weights), and counted: on a
+        # mixed fleet a steady count says a profile's artifact is missing from the store.
+        log.warning("compile artifacts at %s REFUSED: built for another key (%s); this worker needs %s",
                     checked.path, checked.detail, key.digest())
+        if on_rejected is not None:
+            on_rejected()
 
 
 @contextmanager

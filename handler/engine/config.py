@@ -8,12 +8,15 @@ from typing import Literal
 import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+PACKINGS = ("auto", "off", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     checkpoint_dir: Path
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    # "auto": what measured fastest on this CPU profile (handler.engine.platform.choose_path);
+    # the factory resolves it before anything is loaded, so a built engine's config is concrete.
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     max_batch_size: int = 32  # KV-cache slots: sequences decoded together
     max_seq_len: int = 2048  # prompt + generated tokens per sequence
@@ -26,15 +29,17 @@ class EngineConfig:
     # decode here (bf16, batch 1/8/16), and frozen graphs cannot be saved as AOT artifacts.
     freezing: bool = False
     max_autotune: bool = False  # Inductor benchmarks GEMM kernels (C++ templates on CPU): faster decode, slower compile
-    # oneDNN-packed copies of the projection weights for calls with several rows (CPU, bf16;
-    # handler.engine.packed): 1.3-2x faster GEMMs, one more copy of those weights in memory.
-    packed_weights: bool = True
+    # oneDNN-packed copies of the projection weights for calls with several rows (CPU;
+    # handler.engine.packed), in bf16 or float32: 1.3-6x faster GEMMs, one more copy in memory.
+    packed_weights: Literal["auto", "off", "bfloat16", "float32"] = "auto"
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.packed_weights not in PACKINGS:
+            raise ValueError(f"packed_weights must be one of {', '.join(PACKINGS)}, got {self.packed_weights!r}")
         if self.compile not in ("inductor", "eager"):
             raise ValueError(f"compile must be 'inductor' or 'eager', got {self.compile!r}")
         if self.on_compile_error not in ("raise", "eager"):
@@ -48,10 +53,14 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            raise ValueError("dtype 'auto' is resolved by handler.engine.factory before the model is loaded")
         return DTYPES[self.dtype]
 
     def compile_signature(self) -> dict:
         """What a compiled artifact depends on (the checkpoint path does not matter, its weights do)."""
+        if "auto" in (self.dtype, self.packed_weights):
+            raise ValueError("compile_signature of an unresolved config (auto): resolve it first (handler.engine.factory.resolve)")
         d = asdict(self)
         d.pop("checkpoint_dir")
         d.pop("on_compile_error")

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from handler.engine import aot, artifacts
+from handler.engine import aot, artifacts, platform
 from handler.engine.artifacts import ArtifactPlaces
 from handler.engine.checkpoint import Checkpoint, load_model, open_checkpoint
 from handler.engine.compile import ArtifactRequest, Steps, build_steps
-from handler.engine.config import EngineConfig
+from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.model import Transformer
 from handler.engine.tokenizer import Tokenizer
@@ -24,6 +24,8 @@ class LoadedEngine:
     engine: Engine
     model: Transformer
     steps: Steps
+    config: EngineConfig  # resolved: dtype and packed_weights are concrete
+    path: str  # "<cpu profile>/<dtype>/packed-<packing>", logged and exported as a metric label
 
 
 def build_engine(cfg: EngineConfig, on_fallback: Callable[[str], None] | None = None,
@@ -31,18 +33,28 @@ def build_engine(cfg: EngineConfig, on_fallback: Callable[[str], None] | None = 
                  on_compiled: Callable[[float], None] | None = None) -> LoadedEngine:
     """`places`: where compiled artifacts may be found and installed (the serving path); None
     compiles at every start and saves nothing. Callbacks: see compile.build_steps."""
+    asked = cfg
+    cfg, path = platform.resolve(cfg)
+    log.info("engine path %s: %s (asked dtype=%s, packed_weights=%s)", path, platform.detect().describe(), asked.dtype,
+             asked.packed_weights)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
-    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
-    if cfg.packed_weights and not model.pack_weights():
-        log.info("packed_weights: oneDNN packing is used for bfloat16 on CPU only; %s on %s uses plain weights",
-                 cfg.dtype, cfg.device)
-    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    model = prepare_model(ckpt, cfg)
     steps = build_steps(model, cfg, on_fallback, _artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
     tokenizer = Tokenizer.from_dir(ckpt.path)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len, torch.device(cfg.device))
-    return LoadedEngine(engine, model, steps)
+    return LoadedEngine(engine, model, steps, cfg, path)
+
+
+def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
+    """The model as the steps are compiled for it and called with: weights in the resolved
+    dtype, packed copies if chosen (the graphs call packed_linear then), KV cache allocated."""
+    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
+    if cfg.packed_weights != "off":
+        model.pack_weights(DTYPES[cfg.packed_weights])
+    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    return model
 
 
 def _artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces | None,

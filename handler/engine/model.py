@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from torch._inductor import inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
+
 from handler.engine import packed
 
 
@@ -43,25 +45,33 @@ class Linear(nn.Linear):
     reduction form: it would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
-    (handler.engine.packed: 1.3-2x faster from 1 to 128 rows on CPU, bf16)."""
+    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU)."""
 
     use_packed = False
 
-    def pack(self) -> None:
-        packed.pack(self.weight)
+    def pack(self, dtype: torch.dtype) -> None:
+        packed.pack(self.weight, dtype)
         self.use_packed = True
 
     def forward(self, x: Tensor) -> Tensor:
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
         if torch.compiler.is_compiling() and guard_or_false(x.shape[:-1].numel() == 1):
             # x: [..., K] with one row; weight: [N, K]. fp32 accumulation, as mm's.
-            y = (x.reshape(1, -1).float() * self.weight.float()).sum(-1)
+            y = (_materialized(x.reshape(1, -1).float()) * self.weight.float()).sum(-1)
             if self.bias is not None:
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*x.shape[:-1], -1)
         if self.use_packed:
             return packed.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def _materialized(x: Tensor) -> Tensor:
+    """x, computed into a buffer of its own in a compiled graph. Inductor otherwise inlines the
+    producer of a matrix-vector product's input (RMSNorm, the residual adds, the embedding
+    gather) into the reduction's inner loop, recomputing it once per output feature: on AVX2 a
+    batch-1 decode step took 33 ms with that and 19 ms without (default model, 2 threads)."""
+    return torch.ops.prims.inductor_force_stride_order(x, x.stride())
 
 
 class KVCache(nn.Module):
@@ -233,15 +243,12 @@ class Transformer(nn.Module):
         self.output = Linear(args.dim, args.vocab_size, bias=False)
         self.max_seq = 0
 
-    def pack_weights(self) -> bool:
-        """Pack every projection weight for oneDNN where that is supported (CPU, bf16); False
-        when it is not. Call after the weights are loaded: packing copies them."""
-        if not packed.available(self.output.weight):
-            return False
+    def pack_weights(self, dtype: torch.dtype) -> None:
+        """Pack every projection weight for oneDNN in `dtype` (CPU; one the platform allows:
+        handler.engine.platform.choose_path). Call after the weights are loaded: packing copies them."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack()
-        return True
+                module.pack(dtype)
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
         dtype, device = self.output.weight.dtype, self.output.weight.device

@@ -1,11 +1,14 @@
 """Projection weights in oneDNN's blocked layout, for CPU calls with several rows.
 
-With a handful of rows aten's bf16 `mm` on the plain [N, K] weight is slow here (the weights
-stream at ~8-9 GB/s in a 16-row decode step). oneDNN's linear on a copy packed once at load
-(`torch.ops.mkldnn._reorder_linear_weight`) is faster. Measured here (2-core AVX512-BF16, the
-default model's 30 layers, weights streaming from memory): 1.3x at 1 row, 2.1x at 4, 1.6x at
-16, 1.2x at 128 (a prefill); the 49152-row output projection 3.2x at 1 row, 2.1x at 16. The
-cost is a second copy of every projection weight in memory.
+With a handful of rows aten's `mm` on the plain [N, K] weight is slow (bf16 weights streamed at
+~8-9 GB/s in a 16-row decode step on AVX-512; on AVX2, where bf16 has no GEMM kernel, it stays
+near 19 GFLOP/s at any row count). oneDNN's linear on a copy packed once at load
+(`torch.ops.mkldnn._reorder_linear_weight`) is faster. The copy is in bf16 where oneDNN has bf16
+kernels, in float32 elsewhere (handler.engine.platform.choose_path decides; oneDNN's own bf16
+check raises on AVX2). Measured (the default model's 30 layers + head, weights from memory):
+AVX-512-BF16, bf16 copy: 1.3x at 1 row, 2.1x at 4, 1.6x at 16, 1.2x at 128; AVX2, float32 copy
+of bf16 weights: 2.1x at 8 rows, 5.7x at 32, 6.3x at 128 (docs/benchmarks.md). The cost is a
+second copy of every projection weight (twice the bytes of bf16 weights for a float32 copy).
 
 The packed tensor has oneDNN's opaque layout, which Dynamo cannot guard on or serialize, so it
 stays out of the graphs: `packed_linear(x, weight)` is an opaque op that takes the plain weight
@@ -24,23 +27,20 @@ from torch import Tensor
 
 PACK_ROWS = 16  # the row count oneDNN picks its blocking for; measured fast from 1 to 128 rows
 
-_packed: dict[int, tuple[torch.Size, Tensor]] = {}  # weight.data_ptr() -> (its shape, packed copy)
+# weight.data_ptr() -> (its shape, packed copy); the copy's dtype is the compute dtype
+_packed: dict[int, tuple[torch.Size, Tensor]] = {}
 
 
-def available(weight: Tensor) -> bool:
-    """oneDNN packing is measured (and used) for bf16 weights on CPU only."""
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-
-
-def pack(weight: Tensor) -> None:
-    """Make packed_linear(x, weight) use a packed copy of `weight` (2-D, [N, K]). The copy is
+def pack(weight: Tensor, dtype: torch.dtype) -> None:
+    """Make packed_linear(x, weight) use a copy of `weight` (2-D, [N, K]) packed in `dtype`,
+    which must be one oneDNN has kernels for on this CPU (the platform decides). The copy is
     taken now: pack after the weights are loaded, and again never (in-place changes to the
     weight later would not reach it)."""
     key = weight.data_ptr()
     if key in _packed:
         return
     with torch.no_grad():
-        _packed[key] = weight.shape, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        _packed[key] = weight.shape, torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), PACK_ROWS)
     weakref.finalize(weight, _packed.pop, key, None)
 
 
@@ -53,9 +53,11 @@ def _packed_linear_cpu(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
     shape, packed = _packed.get(weight.data_ptr(), (None, None))
     if shape != weight.shape:  # never packed, or a view of a packed weight starting at its address
         raise RuntimeError(f"packed_linear: weight {tuple(weight.shape)} was never packed (call packed.pack first)")
-    # x: [..., K] -> rows [R, K]; out [R, N] -> [..., N]
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    # x: [..., K] -> rows [R, K] in the packed dtype; out [R, N] -> [..., N] in x's dtype
+    rows = x.reshape(-1, x.shape[-1]).to(packed.dtype)
+    bias = None if bias is None else bias.to(packed.dtype)
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
 _lib.impl("packed_linear", _packed_linear_cpu, "CPU")

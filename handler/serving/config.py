@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class HandlerConfig:
     checkpoint: str = "checkpoint"  # checkpoint directory, relative to the model directory
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # "auto" (the CPU profile's fastest: handler.engine.platform), "bfloat16" or "float32"
     device: str = "cpu"  # "cpu" or "cuda" (the worker's GPU id from TorchServe is used)
     max_batch_size: int = 32
     max_seq_len: int = 2048
@@ -29,7 +29,9 @@ class HandlerConfig:
     warm_start: str = "background"  # "background": serve eager while a verified artifact loads; or "blocking"
     freezing: bool = False  # true: no AOT artifacts (frozen graphs cannot be saved)
     max_autotune: bool = False
-    packed_weights: bool = True  # oneDNN-packed projection weights (CPU, bf16): faster, one more copy in memory
+    # oneDNN-packed projection weights for several-row calls (CPU): "auto", "off", "bfloat16",
+    # "float32"; true/false are read as auto/off
+    packed_weights: str = "auto"
     cuda_graphs: bool = True
     threads: int | None = None
     max_new_tokens_cap: int = 1024  # requests asking for more get a 400
@@ -52,6 +54,7 @@ class HandlerConfig:
         unknown = sorted(set(section) - allowed)
         if unknown:
             raise ConfigError(f"unknown key(s) {', '.join(unknown)} in model-config.yaml `handler:`; allowed: {', '.join(sorted(allowed))}")
+        section = {**section, **_legacy_packing(section)}
         values = {k: _check_type(k, v) for k, v in section.items()}
         values["continuous_batching"] = bool(model_yaml.get("continuousBatching", False))
         env_cache_dir = (os.environ if environ is None else environ).get(CACHE_DIR_ENV)
@@ -75,6 +78,12 @@ class HandlerConfig:
                                 self.packed_weights, self.cuda_graphs, self.threads)
         except ValueError as err:
             raise ConfigError(f"model-config.yaml `handler:`: {err}") from err
+
+
+def _legacy_packing(section: dict) -> dict:
+    """packed_weights was a boolean before it had a dtype: true meant the default packing."""
+    value = section.get("packed_weights")
+    return {"packed_weights": "auto" if value else "off"} if isinstance(value, bool) else {}
 
 
 _TYPES = {f.name: f.type for f in dataclasses.fields(HandlerConfig)}

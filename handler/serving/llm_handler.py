@@ -45,8 +45,9 @@ class LLMHandler(BaseHandler):
         if loaded.steps.background is None:
             sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
         sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
+        sink.observe("ts_llm_engine_info", 1, loaded.path)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
-                 engine_cfg.dtype, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
+                 loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
         service_cls = ContinuousService if cfg.continuous_batching else DynamicService
         flag = Path(cfg.drain_flag_file) if cfg.drain_flag_file else None

@@ -19,14 +19,16 @@ COUNTERS = {
     "ts_llm_request_success_total": "Count",  # label finished_reason
     "ts_llm_request_failure_total": "Count",  # label reason
     "ts_llm_compile_eager_fallback_total": "Count",
-    "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification: not loaded
+    "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification or another key: not loaded
 }
 GAUGES = {
     "ts_llm_requests_running": "Count",
     "ts_llm_batch_occupancy_ratio": "Percent",
     "ts_llm_compile_seconds": "Seconds",
+    "ts_llm_engine_info": "Count",  # 1, label path: "<cpu profile>/<dtype>/packed-<packing>"
 }
-LABELS = {"ts_llm_request_success_total": "finished_reason", "ts_llm_request_failure_total": "reason"}
+LABELS = {"ts_llm_request_success_total": "finished_reason", "ts_llm_request_failure_total": "reason",
+          "ts_llm_engine_info": "path"}
 
 
 class MetricSink(Protocol):

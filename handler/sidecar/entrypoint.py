@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
+from handler.engine import platform
 from handler.sidecar import cache_hooks
 from handler.sidecar.cli import setup_logging
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
@@ -100,7 +101,7 @@ class Child:
         return None if self._popen is None else self._popen.returncode
 
     def start(self) -> None:
-        self._popen = subprocess.Popen(self.command, start_new_session=True)
+        self._popen = subprocess.Popen(self.command, start_new_session=True, env=platform.child_environment())
         threading.Thread(target=self._wait, name="child-wait", daemon=True).start()
         if os.getpid() == 1:
             threading.Thread(target=_reap_orphans, args=(self._popen.pid,), name="reaper",

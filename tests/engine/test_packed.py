@@ -1,4 +1,5 @@
-"""oneDNN-packed projection weights: same results as the plain ones, in eager and compiled graphs."""
+"""oneDNN-packed projection weights: same results as the plain ones, in eager and compiled graphs,
+for every packing this CPU's profile allows (the others are skipped, saying why)."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handler.engine import packed
+from handler.engine import packed, platform
 from handler.engine.model import ModelArgs, Transformer
 
 BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)
@@ -15,37 +16,55 @@ BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this torch build")
 
 
-def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+def _packings() -> list:
+    """(weights dtype, packed dtype) pairs; those the profile refuses are skipped, with the reason."""
+    plat = platform.detect()
+    cases = []
+    for dtype, packing in (("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float32", "float32")):
+        try:
+            platform.choose_path(plat, "cpu", dtype, packing)
+            marks = ()
+        except platform.PlatformError as err:
+            marks = pytest.mark.skip(reason=f"{plat.describe()}: {err}")
+        cases.append(pytest.param(getattr(torch, dtype), getattr(torch, packing), marks=marks, id=f"{dtype}-packed-{packing}"))
+    return cases
+
+
+PACKINGS = _packings()
+
+
+def _weight(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    return (torch.randn(n, k, generator=g) * 0.05).to(dtype)
 
 
+@pytest.mark.parametrize("dtype,packing", PACKINGS)
 @pytest.mark.parametrize("shape", [(16, 64), (1, 64), (3, 5, 64)])
-def test_packed_linear_equals_linear(shape):
-    w, bias = _weight(96, 64), torch.randn(96).to(torch.bfloat16)
-    x = torch.randn(*shape).to(torch.bfloat16)
-    packed.pack(w)
+def test_packed_linear_equals_linear(shape, dtype, packing):
+    w, bias = _weight(96, 64, dtype), torch.randn(96).to(dtype)
+    x = torch.randn(*shape).to(dtype)
+    packed.pack(w, packing)
     for b in (None, bias):
         got, want = packed.packed_linear(x, w, b), F.linear(x, w, b)
-        assert got.shape == want.shape
+        assert got.shape == want.shape and got.dtype == want.dtype
         assert (got.float() - want.float()).abs().max().item() < BF16_ATOL
 
 
 def test_a_weight_never_packed_is_an_error():
     with pytest.raises(RuntimeError, match="never packed"):
-        packed.packed_linear(torch.ones(2, 64, dtype=torch.bfloat16), _weight(8, 64, seed=1))
+        packed.packed_linear(torch.ones(2, 64), _weight(8, 64, torch.float32, seed=1))
 
 
 def test_a_view_at_a_packed_weights_address_is_an_error():
-    w = _weight(8, 64, seed=3)
-    packed.pack(w)
+    w = _weight(8, 64, torch.float32, seed=3)
+    packed.pack(w, torch.float32)
     with pytest.raises(RuntimeError, match="never packed"):
-        packed.packed_linear(torch.ones(2, 64, dtype=torch.bfloat16), w[:4])
+        packed.packed_linear(torch.ones(2, 64), w[:4])
 
 
 def test_the_packed_copy_lives_as_long_as_the_weight():
-    w = _weight(32, 64, seed=2)
-    packed.pack(w)
+    w = _weight(32, 64, torch.float32, seed=2)
+    packed.pack(w, torch.float32)
     entries = len(packed._packed)
     del w
     gc.collect()
@@ -71,22 +90,20 @@ def _decode_logits(model: Transformer, fn=None) -> torch.Tensor:
         return fn(tokens, pos, 16)
 
 
-def test_packing_the_model_keeps_its_outputs():
-    plain = _decode_logits(_tiny(torch.bfloat16))
-    model = _tiny(torch.bfloat16)
-    assert model.pack_weights()
+@pytest.mark.parametrize("dtype,packing", PACKINGS)
+def test_packing_the_model_keeps_its_outputs(dtype, packing):
+    plain = _decode_logits(_tiny(dtype))
+    model = _tiny(dtype)
+    model.pack_weights(packing)
     got = _decode_logits(model)
     assert (got - plain).abs().max().item() < BF16_ATOL
     assert torch.equal(got.argmax(-1), plain.argmax(-1))
 
 
-def test_float32_models_are_not_packed():
-    assert not _tiny(torch.float32).pack_weights()
-
-
-def test_a_compiled_graph_with_packed_weights_saves_and_loads(tmp_path):
-    model = _tiny(torch.bfloat16)
-    model.pack_weights()
+@pytest.mark.parametrize("dtype,packing", PACKINGS)
+def test_a_compiled_graph_with_packed_weights_saves_and_loads(tmp_path, dtype, packing):
+    model = _tiny(dtype)
+    model.pack_weights(packing)
     want = _decode_logits(model)
     tokens, pos = torch.tensor([3, 7, 11]), torch.tensor([0, 0, 0])
     torch._dynamo.decorators.mark_unbacked(tokens, 0)

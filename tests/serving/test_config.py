@@ -28,7 +28,7 @@ def test_batch_size_larger_than_the_engine_is_rejected():
 
 def test_invalid_engine_value_names_the_section(tmp_path):
     cfg = HandlerConfig.from_model_yaml({"handler": {"dtype": "float16"}})
-    with pytest.raises(ConfigError, match="dtype must be one of"):
+    with pytest.raises(ConfigError, match="dtype must be auto or one of"):
         cfg.engine_config(tmp_path, None)
 
 

@@ -1,0 +1,225 @@
+"""The one place that knows the CPU: its features, the profile they make, and what each fast path
+may use there.
+
+A spot fleet hands a replica whatever the market has (Zen 3 with AVX2 only, Zen 4 with
+AVX-512-BF16, Sapphire Rapids with AMX, Graviton). Libraries decide some of this themselves and
+not always safely: oneDNN's bf16 reorder reads CPUID and raises on AVX2, Inductor builds kernels
+with `-march=native`. So the project decides here, once per process, and every path asks:
+
+- a **profile** is a named level of the instruction set (`avx2`, `avx512`, `avx512_bf16`,
+  `avx512_amx`, `aarch64`, `aarch64_sve_bf16`, `x86_64`): the ATen kernels, the oneDNN ISA cap and the
+  `-march` Inductor compiles with. Compiled code built under one profile runs on every CPU that
+  has that profile's features, and its cache key names the profile (artifacts.artifact_config).
+- the best profile this CPU has is taken, unless `TS_LLM_CPU_PROFILE` names a lower one (a
+  developer on an AVX-512 machine runs the AVX2 path: `TS_LLM_CPU_PROFILE=avx2`). The variables
+  ATen and oneDNN read are set for child processes by `environment()`; in this process they must
+  have been set before torch started, which `check_torch` verifies.
+- `resolve` turns `dtype: auto` and `packed_weights: auto` into what measured fastest on the
+  profile (docs/benchmarks.md, "Per CPU profile"), and refuses an explicit choice the CPU cannot run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform as _platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from handler.engine.config import EngineConfig
+
+PROFILE_ENV = "TS_LLM_CPU_PROFILE"  # force a profile (one this CPU has); unset: the best one
+
+
+class PlatformError(RuntimeError):
+    """The requested profile or path cannot run on this CPU; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    arch: str  # platform.machine() it belongs to: "x86_64" | "aarch64"
+    requires: frozenset[str]  # CPU feature flags (as /proc/cpuinfo spells them) its code may use
+    aten_capability: str  # ATEN_CPU_CAPABILITY: the ATen kernels (and Inductor's vector ISA)
+    onednn_max_isa: str | None  # ONEDNN_MAX_CPU_ISA; None: oneDNN's default
+    march: str  # -march for Inductor's C++ kernels: no instruction beyond `requires`
+    onednn_bf16: bool  # oneDNN has bf16 GEMM kernels here (its bf16 weight reorder accepts bf16)
+
+
+_AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})
+# Best first: a CPU gets the first profile whose features it has.
+PROFILES: tuple[Profile, ...] = (
+    Profile("avx512_amx", "x86_64", _AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
+            "x86-64-v4", True),
+    Profile("avx512_bf16", "x86_64", _AVX512 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True),
+    Profile("avx512", "x86_64", _AVX512, "avx512", "AVX512_CORE", "x86-64-v4", True),
+    Profile("avx2", "x86_64", frozenset({"avx2", "fma", "f16c"}), "avx2", "AVX2", "x86-64-v3", False),
+    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64-v2", False),
+    Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,
+            "armv8.6-a+sve+bf16", False),
+    Profile("aarch64", "aarch64", frozenset(), "default", None, "armv8-a", False),  # NEON is part of armv8-a
+)
+BY_NAME = {p.name: p for p in PROFILES}
+
+
+@dataclass(frozen=True)
+class Platform:
+    machine: str
+    features: frozenset[str]
+    profile: Profile
+    forced: bool  # chosen by TS_LLM_CPU_PROFILE rather than detected
+
+    def describe(self) -> str:
+        how = f"forced by {PROFILE_ENV}" if self.forced else "detected"
+        return f"CPU profile {self.profile.name} ({how}; {self.machine}, march {self.profile.march})"
+
+
+def cpu_features(cpuinfo: str) -> frozenset[str]:
+    """Feature flags from /proc/cpuinfo text: x86's `flags`, aarch64's `Features`."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def detect(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None,
+           machine: str | None = None) -> Platform:
+    """This CPU's platform; every argument defaults to the live machine (tests pass their own)."""
+    environ = os.environ if environ is None else environ
+    machine = _normalized_machine(machine or _platform.machine())
+    features = cpu_features(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    usable = [p for p in PROFILES if p.arch == machine and p.requires <= features]
+    if not usable:
+        raise PlatformError(f"no CPU profile for {machine!r}: this package runs on x86_64 and aarch64")
+    wanted = environ.get(PROFILE_ENV, "").strip()
+    if not wanted:
+        return Platform(machine, features, usable[0], forced=False)
+    if wanted not in BY_NAME:
+        raise PlatformError(f"{PROFILE_ENV}={wanted!r} is not a profile; use one of {', '.join(BY_NAME)}")
+    profile = BY_NAME[wanted]
+    if profile not in usable:
+        lacks = f"is {machine}, not {profile.arch}" if profile.arch != machine else \
+            f"lacks {', '.join(sorted(profile.requires - features))}"
+        raise PlatformError(f"{PROFILE_ENV}={wanted}: this CPU cannot run it (it {lacks}); "
+                            f"it can run {', '.join(p.name for p in usable)}")
+    return Platform(machine, features, profile, forced=True)
+
+
+def _normalized_machine(machine: str) -> str:
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no flags, so the baseline profile of the architecture
+        return ""
+
+
+def environment(profile: Profile) -> dict[str, str]:
+    """Variables that make a child process (a TorchServe worker, a test run) use `profile`:
+    ATen reads ATEN_CPU_CAPABILITY and oneDNN ONEDNN_MAX_CPU_ISA once, when torch starts."""
+    env = {PROFILE_ENV: profile.name, "ATEN_CPU_CAPABILITY": profile.aten_capability,
+           "TORCHINDUCTOR_CPP_MARCH": profile.march}
+    if profile.onednn_max_isa is not None:
+        env["ONEDNN_MAX_CPU_ISA"] = profile.onednn_max_isa
+    return env
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) plus, when TS_LLM_CPU_PROFILE forces a profile, what
+    makes a child process honour it: pass it to anything that starts TorchServe workers."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get(PROFILE_ENV, "").strip():
+        env.update(environment(detect(env).profile))
+    return env
+
+
+def current() -> Platform:
+    """The platform of this process, checked against the torch already loaded and applied to
+    Inductor (its -march). Call it before compiling or packing anything."""
+    plat = detect()
+    check_torch(plat)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.march = plat.profile.march
+    # Inductor picks its vector ISA from this variable at compile time (ATen read it at start).
+    os.environ["ATEN_CPU_CAPABILITY"] = plat.profile.aten_capability
+    return plat
+
+
+def check_torch(plat: Platform) -> None:
+    """ATen chose its kernels when torch started; a forced profile it did not honour would mix
+    paths, so that is an error that says how to start the process."""
+    if plat.machine != "x86_64":
+        return
+    import torch
+
+    running = torch.backends.cpu.get_cpu_capability().lower()
+    expected = plat.profile.aten_capability
+    if running != expected and not (expected == "default" and running in ("default", "no avx")):
+        raise PlatformError(f"{plat.describe()} needs ATen's {expected} kernels but torch started with {running}: "
+                            f"set {PROFILE_ENV}={plat.profile.name} (and what handler.engine.platform.environment() "
+                            "returns) in the environment before the process starts; the launcher and serve.sh do")
+
+
+# ---- the path per profile ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EnginePath:
+    """What `dtype: auto` and `packed_weights: auto` became (or what was asked, once checked)."""
+    dtype: str  # weights and activations: "bfloat16" | "float32"
+    packed: str  # oneDNN-packed copies for calls with several rows: "bfloat16" | "float32" | "off"
+
+    def label(self, profile: Profile) -> str:
+        return f"{profile.name}/{self.dtype}/packed-{self.packed}"
+
+
+def choose_path(plat: Platform, device_type: str, dtype: str, packed: str, cuda_bf16: bool = True) -> EnginePath:
+    """The measured-fastest path for `auto`, or the requested one if this CPU can run it.
+
+    Measured (docs/benchmarks.md): bf16 storage is fastest for batch-1 decode everywhere
+    (half the bytes; Inductor's matrix-vector kernels). For several rows oneDNN's packed GEMM
+    wins; in bf16 where oneDNN has bf16 kernels (AVX-512 BW/VL/DQ and up), in float32 on AVX2,
+    whose bf16 GEMM (~19 GFLOP/s) is 2-6x slower than a packed float32 copy."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cpu" or cuda_bf16 else "float32"
+    if device_type != "cpu":
+        if packed not in ("auto", "off"):
+            raise PlatformError(f"packed_weights: {packed} is for CPU; on {device_type} use auto or off")
+        return EnginePath(dtype, "off")
+    if packed == "auto":
+        packed = _auto_packing(plat.profile, dtype)
+    elif packed == "bfloat16" and not (plat.profile.onednn_bf16 and dtype == "bfloat16"):
+        why = f"oneDNN has no bf16 GEMM kernels on profile {plat.profile.name}" if dtype == "bfloat16" \
+            else "packing float32 weights in bf16 would change results"
+        raise PlatformError(f"packed_weights: bfloat16 cannot be used here: {why}; use auto, float32 or off")
+    elif packed == "float32" and plat.machine != "x86_64":
+        raise PlatformError(f"packed_weights: float32 is measured on x86_64 only, not {plat.machine}; use auto or off")
+    return EnginePath(dtype, packed)
+
+
+def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
+    """cfg with `auto` replaced by this machine's choice (idempotent), and the path label
+    "<profile>/<dtype>/packed-<packing>" the worker logs and exports. Raises PlatformError when
+    an explicit choice cannot run here."""
+    import torch
+
+    device_type = torch.device(cfg.device).type
+    cuda_bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
+    plat = current() if device_type == "cpu" else detect()
+    chosen = choose_path(plat, device_type, cfg.dtype, cfg.packed_weights, cuda_bf16)
+    resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed)
+    label = chosen.label(plat.profile) if device_type == "cpu" else f"{device_type}/{chosen.dtype}"
+    return resolved, label
+
+
+def _auto_packing(profile: Profile, dtype: str) -> str:
+    if profile.arch != "x86_64":
+        return "off"  # oneDNN packing on aarch64 is not measured: plain weights
+    if profile.onednn_bf16 and dtype == "bfloat16":
+        return "bfloat16"
+    return "float32"
