@@ -14,8 +14,12 @@ BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 def versions() -> dict:
     import torch
 
+    from handler.engine.platform import detect
+
+    plat = detect()
     out = {"python": platform.python_version(), "torch": torch.__version__, "machine": _cpu_name(),
-           "threads": torch.get_num_threads()}
+           "threads": torch.get_num_threads(), "cpu_profile": plat.profile.name, "cpu_profile_forced": plat.forced,
+           "aten_capability": torch.backends.cpu.get_cpu_capability()}
     for pkg in ("transformers", "torchserve"):
         try:
             from importlib.metadata import version

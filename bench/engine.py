@@ -1,14 +1,18 @@
 """Engine benchmark: decode tokens/s of transformers `generate` (eager) vs this engine (eager and
 compiled), at several batch sizes, in one process, plus the memory-bandwidth roofline at batch 1.
 
-    .venv/bin/python bench/engine.py                 # CPU, bf16, batches 1 8 32
-    .venv/bin/python bench/engine.py --device cuda   # the same on a GPU (see bench/gpu.sh)
+    .venv/bin/python bench/engine.py                      # CPU, this CPU's auto path, batches 1 8 32
+    .venv/bin/python bench/engine.py --cpu-profile avx2   # the same under a forced (lower) CPU profile
+    .venv/bin/python bench/engine.py --device cuda        # the same on a GPU (see bench/gpu.sh)
 
-Writes docs/results/engine.json, docs/results/engine.png and the Engine section of docs/benchmarks.md.
+Writes docs/results/engine.json (the run, plus `profiles`: the headline numbers of the latest
+run under each CPU profile, this one's replaced), docs/results/engine.png and the Engine section
+of docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -18,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, versions, write_json, write_section  # noqa: E402
 
+from handler.engine import platform  # noqa: E402
 from handler.engine.config import EngineConfig  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.engine.factory import build_engine  # noqa: E402
@@ -31,7 +36,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, default=None, help="default: the converted SmolLM2-135M-Instruct")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="weights of both transformers and this engine")
+    p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile (python -m handler.engine.platform)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
@@ -131,6 +138,7 @@ VARIANTS = {
 
 def main() -> None:
     args = parse_args()
+    platform.reexec_under(args.cpu_profile)
     checkpoint = args.checkpoint or ensure_default_checkpoint(Path("artifacts/checkpoints/smollm2-135m-instruct"))
     dtype = getattr(torch, args.dtype)
     result = {"versions": versions(), "device": args.device, "dtype": args.dtype, "new_tokens": args.new_tokens,
@@ -151,6 +159,7 @@ def main() -> None:
         loaded = build_engine(cfg)
         result["compile_seconds"][name] = loaded.steps.compile_seconds
         if name == args.variants[0]:
+            result["engine_path"] = loaded.path
             weight_bytes = weight_bytes_per_token(loaded.model)
             result["weight_bytes_per_token"] = weight_bytes
             result["roofline_tokens_per_s_bs1"] = bw / weight_bytes
@@ -163,6 +172,7 @@ def main() -> None:
         del loaded
         torch._dynamo.reset()
     summarize(result)
+    result["profiles"] = with_profile(RESULTS / f"{args.out}.json", result)
     write_json(f"{args.out}.json", result)
     plot(result, RESULTS / f"{args.out}.png")
     write_section(args.out, markdown(result, " ".join(sys.argv[1:]), args.out))
@@ -177,6 +187,20 @@ def summarize(r: dict) -> None:
     r[f"speedup_vs_hf_bs{first}"] = tps[best][first] / tps["hf_eager"][first]
     r[f"speedup_vs_hf_bs{last}"] = tps[max(compiled, key=lambda v: tps[v][last]) if compiled else best][last] / tps["hf_eager"][last]
     r["roofline_fraction_bs1"] = tps[best].get("1", 0.0) / r["roofline_tokens_per_s_bs1"]
+
+
+HEADLINE_KEYS = ("headline_variant", "memory_bandwidth_gb_s", "roofline_tokens_per_s_bs1")
+
+
+def with_profile(previous_file: Path, r: dict) -> dict:
+    """The `profiles` of the previous results with this run's headline under its CPU profile."""
+    profiles = json.loads(previous_file.read_text()).get("profiles", {}) if previous_file.exists() else {}
+    speedups = {k: v for k, v in r.items() if k.startswith(("speedup_vs_hf_bs", "roofline_fraction"))}
+    profiles[r["versions"]["cpu_profile"]] = {
+        **speedups, **{k: r[k] for k in HEADLINE_KEYS}, "tokens_per_s": r["tokens_per_s"], "dtype": r["dtype"],
+        "engine_path": r.get("engine_path"), "machine": r["versions"]["machine"], "forced": r["versions"]["cpu_profile_forced"],
+        "date": time.strftime("%Y-%m-%d")}
+    return profiles
 
 
 def plot(r: dict, path: Path) -> None:
@@ -211,7 +235,7 @@ def markdown(r: dict, argv: str, out: str) -> str:
     return f"""## Engine (decode tokens/s, {r['dtype']}, {r['device']})
 
 Command: `.venv/bin/python bench/engine.py {argv}`. Versions: torch {v['torch']}, transformers {v.get('transformers')},
-Python {v['python']}, {v['machine']}, {v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
+Python {v['python']}, {v['machine']}, CPU profile {v.get('cpu_profile')} (engine path `{r.get('engine_path')}`), {v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
 prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each number is the best of {REPEATS} runs. `hf_eager` is transformers `generate` in the same dtype.
 
 | variant | """ + " | ".join(f"batch {b}" for b in r["batches"]) + " | compile s |\n|---|" + "---|" * (len(r["batches"]) + 1) + f"""
@@ -227,7 +251,22 @@ prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each nu
   **{r[f'speedup_vs_hf_bs{last}']:.2f}x** at batch {last}, **{100 * r['roofline_fraction_bs1']:.0f}%** of the batch-1 roofline.
 
 ![engine](results/{out}.png)
-"""
+
+Latest headline per CPU profile (`profiles` in results/{out}.json; each row from its own run, transformers
+measured in the same run under the same profile):
+
+| CPU profile | machine | date | engine path | vs transformers, batch 1 | vs transformers, largest batch | batch-1 roofline |
+|---|---|---|---|---|---|---|
+""" + "\n".join(_profile_row(name, p) for name, p in sorted(r.get("profiles", {}).items())) + "\n"
+
+
+def _profile_row(name: str, p: dict) -> str:
+    largest = max((k for k in p if k.startswith("speedup_vs_hf_bs") and k != "speedup_vs_hf_bs1"),
+                  key=lambda k: int(k.removeprefix("speedup_vs_hf_bs")), default=None)
+    forced = " (forced)" if p.get("forced") else ""
+    return (f"| {name}{forced} | {p.get('machine')} | {p.get('date')} | `{p.get('engine_path')}` | "
+            f"{p.get('speedup_vs_hf_bs1', 0):.2f}x | " + (f"{p[largest]:.2f}x (bs{largest.removeprefix('speedup_vs_hf_bs')})" if largest else "-")
+            + f" | {100 * p.get('roofline_fraction_bs1', 0):.0f}% |")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ class TorchServe:
                 return time.monotonic() - start
             deaths, last_error = self.worker_deaths()
             if deaths >= CRASH_LOOP:  # TorchServe would restart it for ever, with backoff
-                raise TorchServeError(f"model {model!r}: its worker died {deaths} times while loading; last error: "
+                raise TorchServeError(f"model {model!r}: its worker died {deaths} times while loading; first error: "
                                       f"{last_error or 'none logged'}; see {self.workdir / 'logs' / 'model_log.log'}")
             time.sleep(0.2)
         raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
@@ -156,6 +156,16 @@ class TorchServe:
         return sum(WORKER_DIED in ln for ln in lines), first_cause(lines)
 
 
+    def stop(self, timeout: float = 60) -> None:
+        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
+                       capture_output=True)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.send_signal(signal.SIGKILL)
+
+
 # What TorchServe's worker wraps a failed load in: it names no cause.
 _WRAPPERS = re.compile(r"Unknown exception|Backend worker|Load model failed|PredictionException")
 
@@ -168,15 +178,6 @@ def first_cause(model_log_lines: list[str]) -> str | None:
         if re.match(r"^[\w.]*(Error|Exception): ", text) and not _WRAPPERS.search(text):
             return text
     return None
-
-    def stop(self, timeout: float = 60) -> None:
-        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
-                       capture_output=True)
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.send_signal(signal.SIGKILL)
 
 
 def _env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

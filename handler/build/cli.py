@@ -9,11 +9,13 @@ from pathlib import Path
 
 from handler.build.archive import build_mar
 from handler.build.precompile import build_artifact
-from handler.cache import LocalStore, publish_if_new
-from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.build.model_config import ServingOptions
+from handler.cache import publish_if_new
+from handler.engine import platform
+from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
+from handler.sidecar.cache_hooks import open_store
 
 DEFAULT_CHECKPOINT_DIR = Path("artifacts/checkpoints/smollm2-135m-instruct")
 
@@ -28,7 +30,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-batch-delay-ms", type=int, default=10)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="auto: the fastest on the serving CPU's profile (decided by each worker)")
+    p.add_argument("--packed-weights", choices=["auto", "off", "bfloat16", "float32"], default="auto",
+                   help="oneDNN-packed weight copies for several-row calls (CPU); auto: per CPU profile")
+    p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
+                   "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--compile", choices=["inductor", "eager"], default="inductor")
     p.add_argument("--on-compile-error", choices=["raise", "eager"], default="raise")
@@ -38,8 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "retryable 503 (the sidecar creates it when it drains)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
                    "artifact into the .mar: workers on a machine like this one load it in seconds instead of compiling")
-    p.add_argument("--aot-store", type=Path, metavar="DIR", help="compile the engine now and publish the artifact "
-                   "to this local cache store (what the sidecar's --cache-store DIR restores from)")
+    p.add_argument("--aot-store", metavar="URI", help="compile the engine now and publish the artifact to this "
+                   "cache store, s3://bucket/prefix or a directory (what the sidecar's --cache-store restores from)")
     return p.parse_args(argv)
 
 
@@ -47,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
+        platform.reexec_under(args.cpu_profile)
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
-        handler = {"dtype": args.dtype, "device": args.device, "compile": args.compile,
+        handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device, "compile": args.compile,
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name}
         if args.drain_flag_file:
@@ -61,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
                 artifact = Path(tmp) / MAR_ARTIFACT_DIR
                 key = build_artifact(checkpoint, opts, artifact)
                 if args.aot_store:
-                    publish_if_new(LocalStore(args.aot_store, progress=False), key, artifact)
+                    publish_if_new(open_store(args.aot_store), key, artifact)
                 if args.aot:
                     extra[MAR_ARTIFACT_DIR] = artifact
             mar = build_mar(checkpoint, args.model_name, args.model_store, opts, extra_dirs=extra)
-    except (CheckpointError, ConversionError, ValueError) as err:
+    except (CheckpointError, ConversionError, ValueError, platform.PlatformError) as err:
         print(f"archive.sh: error: {err}", file=sys.stderr)
         return 2
     print(mar)

@@ -19,9 +19,11 @@ with `-march=native`. So the project decides here, once per process, and every p
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import platform as _platform
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +140,17 @@ def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str
     return env
 
 
+def reexec_under(profile_name: str | None) -> None:
+    """Restart this command (same interpreter and arguments) with `profile_name` forced, since
+    ATen and oneDNN read their variables only when torch starts; returns at once when there is
+    nothing to force or it is already in force. For command lines: archive.sh, the benchmarks."""
+    if not profile_name or os.environ.get(PROFILE_ENV) == profile_name:
+        return
+    env = child_environment({**os.environ, PROFILE_ENV: profile_name})  # raises if the CPU cannot run it
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def current() -> Platform:
     """The platform of this process, checked against the torch already loaded and applied to
     Inductor (its -march). Call it before compiling or packing anything."""
@@ -223,3 +236,31 @@ def _auto_packing(profile: Profile, dtype: str) -> str:
     if profile.onednn_bf16 and dtype == "bfloat16":
         return "bfloat16"
     return "float32"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m handler.engine.platform`: which profile and path this machine runs."""
+    p = argparse.ArgumentParser(prog="python -m handler.engine.platform", description=main.__doc__)
+    p.add_argument("--exports", action="store_true", help="print `export VAR=value` lines that make child processes "
+                   f"use the profile (honours {PROFILE_ENV})")
+    p.add_argument("--name", action="store_true", help="print only the profile's name")
+    args = p.parse_args(argv)
+    try:
+        plat = detect()
+    except PlatformError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.name:
+        print(plat.profile.name)
+        return 0
+    if args.exports:
+        print("\n".join(f"export {k}={v}" for k, v in environment(plat.profile).items()))
+        return 0
+    chosen = choose_path(plat, "cpu", "auto", "auto")
+    usable = [q.name for q in PROFILES if q.arch == plat.machine and q.requires <= plat.features]
+    print(f"{plat.describe()}\nauto path: {chosen.label(plat.profile)}\nprofiles this CPU can run: {', '.join(usable)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

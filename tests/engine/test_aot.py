@@ -19,7 +19,7 @@ import torch
 
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache
+from handler.engine import aot, artifacts, cpp_cache, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile import ArtifactRequest, CompileError, build_steps
@@ -65,18 +65,22 @@ WORKER_SCRIPT = textwrap.dedent("""
     checkpoint, cache_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     cfg = EngineConfig(Path(checkpoint), dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False,
                        warm_start="blocking")
-    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=Path(cache_dir)))
+    rejected = []
+    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=Path(cache_dir)), on_rejected=lambda: rejected.append(1))
     ready = time.perf_counter() - start
     ids = [loaded.engine.tokenizer.encode(p) for p in prompts]
     tokens = loaded.engine.generate(ids, [SamplingParams(max_new_tokens=12, ignore_eos=True)] * len(ids))
-    print(json.dumps({"mode": loaded.steps.mode, "ready_s": ready, "tokens": tokens,
+    print(json.dumps({"mode": loaded.steps.mode, "ready_s": ready, "tokens": tokens, "rejected": len(rejected),
                       "frames": sum(counters["frames"].values()), "graphs": counters["stats"]["unique_graphs"]}))
 """)
 
 
-def run_worker(cfg: EngineConfig, cache_dir: Path, inductor_dir: Path) -> tuple[dict, str]:
-    """build_engine in a fresh process, as a TorchServe worker; returns its report and stderr."""
+def run_worker(cfg: EngineConfig, cache_dir: Path, inductor_dir: Path, cpu_profile: str | None = None) -> tuple[dict, str]:
+    """build_engine in a fresh process, as a TorchServe worker (under `cpu_profile` if given, as
+    the launcher starts one); returns its report and stderr."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    if cpu_profile is not None:
+        env = platform.child_environment({**env, platform.PROFILE_ENV: cpu_profile})
     proc = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, str(cfg.checkpoint_dir), str(cache_dir), json.dumps(PROMPTS)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -219,6 +223,28 @@ def test_another_torch_version_takes_the_cold_path(cold, loaded, cfg, key, tmp_p
         build_steps(loaded.model, cfg, artifacts_wanted=ArtifactRequest(newer, ArtifactPlaces(cache_dir=cache_dir)))
     assert isinstance(err.value.__cause__, ColdPath) and observed["loads"] == 0
     assert "torch_version: '2.13" in caplog.text and "compiling cold" in caplog.text
+
+
+def _lower_profile() -> str | None:
+    """A profile this CPU can run below its own (avx2 on AVX-512, the x86_64 baseline on AVX2)."""
+    plat = platform.detect({})
+    usable = [p.name for p in platform.PROFILES if p.arch == plat.machine and p.requires <= plat.features]
+    return usable[1] if len(usable) > 1 else None
+
+
+@pytest.mark.skipif(_lower_profile() is None, reason="this CPU has a single profile: nothing to cross to")
+def test_an_artifact_never_crosses_cpu_profiles(cold, cfg, key, tmp_path):
+    """Built under this CPU's profile, restored under a lower one: refused (logged, counted),
+    compiled fresh for that profile; a worker of that profile then restores it warm."""
+    lower = _lower_profile()
+    cache_dir = _copy(cold[1], tmp_path / "aot")
+    report, stderr = run_worker(cfg, cache_dir, tmp_path / "inductor", cpu_profile=lower)
+    assert report["mode"] == "aot-compiled" and report["rejected"] == 1
+    assert "REFUSED: built for another key" in stderr and f"CPU profile {lower} (forced" in stderr
+    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text())["digest"] != key.digest()
+    again, _ = run_worker(cfg, cache_dir, tmp_path / "inductor-2", cpu_profile=lower)
+    assert again["mode"] == "aot-loaded" and again["rejected"] == 0
+    assert again["tokens"] == report["tokens"]
 
 
 @pytest.mark.parametrize("victim", ["graph", "kernel", "manifest"])
