@@ -76,6 +76,13 @@ def peak_matmul_flops(device: str, dtype: torch.dtype) -> float:
     return 2 * 2048**3 / best_seconds(lambda: a @ a, device, 6)
 
 
+def _compute_dtype(device: str, dtype: str) -> str:
+    if not device.startswith("cpu"):
+        return dtype
+    packing = platform.choose_path(platform.current(), "cpu", dtype, "auto").packed
+    return dtype if packing == "off" else packing
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes a batch-1 decode step must read: every weight once (the embedding table is only
     gathered, but with tied embeddings it is read whole as the output projection)."""
@@ -146,8 +153,11 @@ def main() -> None:
     result["prompt_tokens"] = len(Tokenizer.from_dir(checkpoint).encode(PROMPT))
     bw = memory_bandwidth(args.device)
     result["memory_bandwidth_gb_s"] = bw / 1e9
-    flops = peak_matmul_flops(args.device, dtype)
-    result["peak_matmul_gflops"] = flops / 1e9
+    # The matmul dtype of several-row calls: the packed copy's where there is one (float32 on
+    # AVX2, whose bf16 GEMM runs at a few GFLOP/s), else the weights'.
+    compute = _compute_dtype(args.device, args.dtype)
+    flops = peak_matmul_flops(args.device, getattr(torch, compute))
+    result["peak_matmul_gflops"], result["peak_matmul_dtype"] = flops / 1e9, compute
     for batch in args.batches:
         tps = hf_decode_tps(checkpoint, args.device, dtype, batch, args.new_tokens)
         result["tokens_per_s"].setdefault("hf_eager", {})[str(batch)] = tps
@@ -243,7 +253,7 @@ prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each nu
 
 - Measured read bandwidth {r['memory_bandwidth_gb_s']:.1f} GB/s; {r['weight_bytes_per_token'] / 1e6:.0f} MB of weights per
   batch-1 step, so the roofline is {r['roofline_tokens_per_s_bs1']:.0f} tokens/s.
-- Measured {r['dtype']} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 products): at 2 FLOPs per weight per
+- Measured {r.get('peak_matmul_dtype', r['dtype'])} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 products): at 2 FLOPs per weight per
   token, no batch size decodes faster than {r['compute_roofline_tokens_per_s']:.0f} tokens/s on this machine (the compute roofline;
   transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it, so 4x transformers would be
   {4 * tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it).

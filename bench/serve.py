@@ -2,6 +2,7 @@
 TorchServe serving the same model through a plain transformers handler.
 
     .venv/bin/python bench/serve.py
+    .venv/bin/python bench/serve.py --cpu-profile avx2   # both systems under a forced (lower) CPU profile
 
 Writes docs/results/serve.json (+ raw per-request records), docs/results/serve.png and the
 Serving section of docs/benchmarks.md.
@@ -20,6 +21,7 @@ from loadgen import raw, run_load, summarize  # noqa: E402
 
 from handler.build.archive import build_mar  # noqa: E402
 from handler.build.model_config import ServingOptions  # noqa: E402
+from handler.engine import platform  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.launcher import Ports, start_torchserve  # noqa: E402
 
@@ -43,11 +45,13 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=16, help="TorchServe batchSize for both systems")
     p.add_argument("--baseline-dtype", default="float32", help="float32 is transformers' faster CPU setting here")
     p.add_argument("--systems", nargs="+", default=["ours", "baseline"])
+    p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile (python -m handler.engine.platform); "
+                   "the launcher passes it to both TorchServes")
     return p.parse_args()
 
 
 def build_ours(checkpoint: Path, store: Path, args) -> None:
-    handler = {"dtype": "bfloat16", "max_seq_len": 512, "served_model_name": "llm"}
+    handler = {"dtype": "auto", "max_seq_len": 512, "served_model_name": "llm"}
     build_mar(checkpoint, "llm", store, ServingOptions("continuous", args.batch_size, 10, handler=handler))
 
 
@@ -82,6 +86,7 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
 
 def main() -> None:
     args = parse_args()
+    platform.reexec_under(args.cpu_profile)
     checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as tmp:
         runs = [r for system in args.systems for r in sweep(system, checkpoint, args, Path(tmp))]
@@ -144,7 +149,7 @@ def markdown(r: dict, argv: str) -> str:
     return f"""## Serving (TorchServe, concurrency sweep)
 
 Command: `.venv/bin/python bench/serve.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
-transformers {v.get('transformers')}, {v['machine']}. Each request asks for {r['output_tokens']} tokens (ours with
+transformers {v.get('transformers')}, {v['machine']}, CPU profile {v.get('cpu_profile')}. Each request asks for {r['output_tokens']} tokens (ours with
 `ignore_eos`, the baseline with `min_new_tokens`), prompts of 10-15 words; a fixed request count per level.
 *ours*: this handler, continuousBatching, batchSize {r['batch_size']}, compiled, bf16, streaming (TTFT = first
 chunk). *baseline*: stock TorchServe + a plain transformers handler (`bench/baseline_handler.py`): eager `generate`,

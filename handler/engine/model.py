@@ -47,11 +47,11 @@ class Linear(nn.Linear):
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU)."""
 
-    use_packed = False
+    packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
 
     def pack(self, dtype: torch.dtype) -> None:
         packed.pack(self.weight, dtype)
-        self.use_packed = True
+        self.packed_dtype = dtype
 
     def forward(self, x: Tensor) -> Tensor:
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
@@ -61,7 +61,10 @@ class Linear(nn.Linear):
             if self.bias is not None:
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*x.shape[:-1], -1)
-        if self.use_packed:
+        # A single row streams the weights: a copy in a wider dtype (float32 of bf16 weights, on
+        # AVX2) would read twice the bytes, so eager single rows keep the plain weight.
+        if self.packed_dtype is not None and not (self.packed_dtype.itemsize > self.weight.element_size()
+                                                  and guard_or_false(x.shape[:-1].numel() == 1)):
             return packed.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
