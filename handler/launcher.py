@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
+from handler.worker_log import first_cause
 
 PORT_KEYS = ("inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port")
 
@@ -164,20 +165,6 @@ class TorchServe:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.process.send_signal(signal.SIGKILL)
-
-
-# What TorchServe's worker wraps a failed load in: it names no cause.
-_WRAPPERS = re.compile(r"Unknown exception|Backend worker|Load model failed|PredictionException")
-
-
-def first_cause(model_log_lines: list[str]) -> str | None:
-    """The first exception line ("Type: message") a worker logged that is not TorchServe's
-    wrapper around it: the cause of a load failure, not `RuntimeError: 500 - Unknown exception`."""
-    for line in model_log_lines:
-        text = re.sub(r"^.*MODEL_LOG - ", "", line).strip()
-        if re.match(r"^[\w.]*(Error|Exception): ", text) and not _WRAPPERS.search(text):
-            return text
-    return None
 
 
 def _env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -50,17 +50,19 @@ class Profile:
     onednn_bf16: bool  # oneDNN has bf16 GEMM kernels here (its bf16 weight reorder accepts bf16)
 
 
-_AVX512 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"})
+# The features each -march level assumes (as /proc/cpuinfo names them; "abm" is LZCNT).
+_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 # Best first: a CPU gets the first profile whose features it has.
 PROFILES: tuple[Profile, ...] = (
-    Profile("avx512_amx", "x86_64", _AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
+    Profile("avx512_amx", "x86_64", _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
             "x86-64-v4", True),
-    Profile("avx512_bf16", "x86_64", _AVX512 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True),
-    Profile("avx512", "x86_64", _AVX512, "avx512", "AVX512_CORE", "x86-64-v4", True),
-    Profile("avx2", "x86_64", frozenset({"avx2", "fma", "f16c"}), "avx2", "AVX2", "x86-64-v3", False),
-    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64-v2", False),
+    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True),
+    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True),
+    Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False),
+    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False),
     Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,
-            "armv8.6-a+sve+bf16", False),
+            "armv8.6-a+sve+bf16", False),  # the -march Inductor itself uses for SVE+BF16 with gcc < 13
     Profile("aarch64", "aarch64", frozenset(), "default", None, "armv8-a", False),  # NEON is part of armv8-a
 )
 BY_NAME = {p.name: p for p in PROFILES}

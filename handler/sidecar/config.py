@@ -53,6 +53,8 @@ class SidecarConfig:
                                  "gauge is read (empty: queue only)")
     running_metric: str = _f("ts_llm_requests_running",
                              "gauge at metrics_url summed over workers: requests generating")
+    model_log: str | None = _f(None, "TorchServe's logs/model_log.log: /ready names the cause of a "
+                               "worker that fails to load")
     # Watchers
     clouds: tuple[Cloud, ...] = _f((Cloud.AWS,), "metadata services to watch: aws,gcp,azure")
     aws_metadata_url: str = _f("http://169.254.169.254", "IMDS base URL")

@@ -135,6 +135,9 @@ def parse(argv: list[str]) -> tuple[SidecarConfig, list[str]]:
         # TorchServe writes key_file.json into its working directory, which is ours. If auth
         # is off some other way, the file never appears and requests go without a token.
         config = dataclasses.replace(config, key_file="key_file.json")
+    if config.model_log is None:
+        # TorchServe logs under LOG_LOCATION, else logs/ in its working directory (ours).
+        config = dataclasses.replace(config, model_log=str(Path(os.environ.get("LOG_LOCATION", "logs")) / "model_log.log"))
     if "--foreground" not in command:
         # Without it `torchserve --start` returns at once and leaves the JVM orphaned,
         # which would look like TorchServe exiting.

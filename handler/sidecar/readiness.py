@@ -33,10 +33,12 @@ LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
 class Readiness:
     def __init__(self, board: NoticeBoard, torchserve: ModelDescriber,
-                 metrics: SidecarMetrics | None = None) -> None:
+                 metrics: SidecarMetrics | None = None,
+                 worker_error: Callable[[], str | None] | None = None) -> None:
         self._board = board
         self._torchserve = torchserve
         self._metrics = metrics
+        self._worker_error = worker_error  # the cause of a failed worker load, from its log
 
     def check(self) -> tuple[bool, dict[str, object]]:
         ready, body = self._decide()
@@ -54,7 +56,8 @@ class Readiness:
             return False, {"reason": "torchserve_unreachable", "error": str(err)}
         workers = [{"id": worker.id, "status": worker.status} for worker in state.workers]
         if state.ready_workers == 0:
-            return False, {"reason": "no_ready_worker", "workers": workers}
+            error = self._worker_error() if self._worker_error is not None else None
+            return False, {"reason": "no_ready_worker", "workers": workers, **({"worker_error": error} if error else {})}
         return True, {"reason": "ok", "ready_workers": state.ready_workers, "workers": workers}
 
 

@@ -44,6 +44,7 @@ from handler.sidecar.readiness import Readiness, SidecarHttpServer
 from handler.sidecar.signals import SignalWatcher
 from handler.sidecar.torchserve_client import TorchServeClient, running_reader
 from handler.sidecar.watcher import Watcher, run_watcher
+from handler.worker_log import first_cause_in
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ class Sidecar:
         self.control = DrainControl(self.board, clock, config.signal_grace_s)
         self.registry.register(LoadCollector(config.model_name, self.torchserve, self._in_flight))
         self.http = SidecarHttpServer(config.listen_host, config.listen_port,
-                                      Readiness(self.board, self.torchserve, self.metrics),
+                                      Readiness(self.board, self.torchserve, self.metrics,
+                                                _worker_error(config.model_log)),
                                       lambda: self._running, self.registry, self.control)
 
     def __enter__(self) -> Sidecar:
@@ -351,3 +353,7 @@ def _aws_client(config: SidecarConfig, service: str) -> Any:
 
     return boto3.client(service, region_name=config.aws_region,
                         endpoint_url=config.aws_endpoint_url)
+
+
+def _worker_error(model_log: str | None) -> Callable[[], str | None] | None:
+    return None if model_log is None else lambda: first_cause_in(Path(model_log))

@@ -146,6 +146,14 @@ def test_torchserve_start_gets_foreground_and_the_key_file() -> None:
     assert command[-1] == "--foreground" and config.key_file == "key_file.json"
 
 
+def test_torchserve_start_gets_its_model_log_read_for_readiness(monkeypatch) -> None:
+    monkeypatch.delenv("LOG_LOCATION", raising=False)
+    config, _ = parse(["--", "torchserve", "--start"])
+    assert config.model_log == "logs/model_log.log"
+    monkeypatch.setenv("LOG_LOCATION", "/srv/logs")
+    assert parse(["--", "torchserve", "--start"])[0].model_log == "/srv/logs/model_log.log"
+
+
 def test_token_auth_disabled_means_no_key_file() -> None:
     config, _ = parse(["--", "torchserve", "--start", "--foreground", "--disable-token-auth"])
     assert config.key_file is None

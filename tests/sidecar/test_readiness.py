@@ -71,6 +71,18 @@ def test_no_ready_worker_is_503(served: Served, management: FakeManagement) -> N
     assert answer.status_code == 503 and answer.json()["reason"] == "no_ready_worker"
 
 
+def test_no_ready_worker_names_the_cause_from_the_worker_log(management: FakeManagement, tmp_path: Path) -> None:
+    from handler.sidecar.watch import _worker_error
+
+    log = tmp_path / "model_log.log"
+    log.write_text("x MODEL_LOG - ValueError: unknown key(s) no_such_key in model-config.yaml `handler:`\n"
+                   "x MODEL_LOG - RuntimeError: 500 - Unknown exception\n")
+    client = TorchServeClient(management.url, "llm", timeout_s=1.0)
+    management.statuses = ["UNLOADING"]
+    ready, body = Readiness(NoticeBoard(), client, worker_error=_worker_error(str(log))).check()
+    assert not ready and body["worker_error"].startswith("ValueError: unknown key(s) no_such_key")
+
+
 def test_torchserve_down_is_503(served: Served, management: FakeManagement) -> None:
     management.close()
     answer = served.get("/ready")
