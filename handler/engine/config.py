@@ -30,7 +30,7 @@ class EngineConfig:
     freezing: bool = False
     max_autotune: bool = False  # Inductor benchmarks GEMM kernels (C++ templates on CPU): faster decode, slower compile
     # oneDNN-packed copies of the projection weights for calls with several rows (CPU;
-    # handler.engine.packed), in bf16 or float32: 1.3-6x faster GEMMs, one more copy in memory.
+    # handler.engine.packed), in bf16 or float32: 1.3-7x faster GEMMs, one more copy in memory.
     packed_weights: Literal["auto", "off", "bfloat16", "float32"] = "auto"
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default

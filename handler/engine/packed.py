@@ -7,7 +7,7 @@ near 19 GFLOP/s at any row count). oneDNN's linear on a copy packed once at load
 kernels, in float32 elsewhere (handler.engine.platform.choose_path decides; oneDNN's own bf16
 check raises on AVX2). Measured (the default model's 30 layers + head, weights from memory):
 AVX-512-BF16, bf16 copy: 1.3x at 1 row, 2.1x at 4, 1.6x at 16, 1.2x at 128; AVX2, float32 copy
-of bf16 weights: 2.1x at 8 rows, 5.7x at 32, 6.3x at 128 (docs/benchmarks.md). The cost is a
+of bf16 weights: 2.8x at 8 rows, 6.2x at 32, 7.0x at 128 (bench/paths.py, docs/benchmarks.md). The cost is a
 second copy of every projection weight (twice the bytes of bf16 weights for a float32 copy).
 
 The packed tensor has oneDNN's opaque layout, which Dynamo cannot guard on or serialize, so it
