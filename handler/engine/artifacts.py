@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+import torch
+
 from handler.cache.errors import ArtifactVerificationError
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
 from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
-import torch
-
 from handler.engine import aot, platform
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig

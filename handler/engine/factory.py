@@ -24,7 +24,6 @@ class LoadedEngine:
     engine: Engine
     model: Transformer
     steps: Steps
-    config: EngineConfig  # resolved: dtype and packed_weights are concrete
     path: str  # "<cpu profile>/<dtype>/packed-<packing>", logged and exported as a metric label
 
 
@@ -44,7 +43,7 @@ def build_engine(cfg: EngineConfig, on_fallback: Callable[[str], None] | None = 
     steps = build_steps(model, cfg, on_fallback, _artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
     tokenizer = Tokenizer.from_dir(ckpt.path)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len, torch.device(cfg.device))
-    return LoadedEngine(engine, model, steps, cfg, path)
+    return LoadedEngine(engine, model, steps, path)
 
 
 def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
