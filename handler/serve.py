@@ -9,6 +9,7 @@ from pathlib import Path
 
 import requests
 
+from handler.engine import platform
 from handler.launcher import TorchServe, TorchServeError, _ports_from, read_properties, start_torchserve
 
 WORKDIR = Path("run")  # key_file.json, logs and TorchServe's pid file live here
@@ -22,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=1800)
     p.add_argument("--stop", action="store_true", help="stop the server started by serve.sh")
     args = p.parse_args(argv)
+    try:
+        platform.detect()  # a TS_LLM_CPU_PROFILE this CPU cannot run: say so before starting anything
+    except platform.PlatformError as err:
+        print(f"serve.sh: error: {err}", file=sys.stderr)
+        return 2
     ts = TorchServe(WORKDIR.resolve(), _ports_from(read_properties(args.ts_config)))
     if args.stop:
         ts.stop()
