@@ -15,7 +15,7 @@ PACKINGS = ("auto", "off", "bfloat16", "float32")
 class EngineConfig:
     checkpoint_dir: Path
     # "auto": what measured fastest on this CPU profile (handler.engine.platform.choose_path);
-    # the factory resolves it before anything is loaded, so a built engine's config is concrete.
+    # handler.engine.platform.resolve replaces it before anything is loaded, so a built engine's config is concrete.
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     max_batch_size: int = 32  # KV-cache slots: sequences decoded together
@@ -54,13 +54,13 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            raise ValueError("dtype 'auto' is resolved by handler.engine.factory before the model is loaded")
+            raise ValueError("dtype 'auto' is resolved by handler.engine.platform.resolve before the model is loaded")
         return DTYPES[self.dtype]
 
     def compile_signature(self) -> dict:
         """What a compiled artifact depends on (the checkpoint path does not matter, its weights do)."""
         if "auto" in (self.dtype, self.packed_weights):
-            raise ValueError("compile_signature of an unresolved config (auto): resolve it first (handler.engine.factory.resolve)")
+            raise ValueError("compile_signature of an unresolved config (auto): resolve it first (handler.engine.platform.resolve)")
         d = asdict(self)
         d.pop("checkpoint_dir")
         d.pop("on_compile_error")

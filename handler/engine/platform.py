@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import platform as _platform
 import sys
@@ -75,6 +76,11 @@ class Platform:
     profile: Profile
     forced: bool  # chosen by TS_LLM_CPU_PROFILE rather than detected
 
+    @property
+    def usable(self) -> list[Profile]:
+        """Every profile this CPU can run, best first (its own, and any lower one to force)."""
+        return usable_profiles(self.machine, self.features)
+
     def describe(self) -> str:
         how = f"forced by {PROFILE_ENV}" if self.forced else "detected"
         return f"CPU profile {self.profile.name} ({how}; {self.machine}, march {self.profile.march})"
@@ -95,7 +101,7 @@ def detect(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None,
     environ = os.environ if environ is None else environ
     machine = _normalized_machine(machine or _platform.machine())
     features = cpu_features(_read_cpuinfo() if cpuinfo is None else cpuinfo)
-    usable = [p for p in PROFILES if p.arch == machine and p.requires <= features]
+    usable = usable_profiles(machine, features)
     if not usable:
         raise PlatformError(f"no CPU profile for {machine!r}: this package runs on x86_64 and aarch64")
     wanted = environ.get(PROFILE_ENV, "").strip()
@@ -110,6 +116,10 @@ def detect(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None,
         raise PlatformError(f"{PROFILE_ENV}={wanted}: this CPU cannot run it (it {lacks}); "
                             f"it can run {', '.join(p.name for p in usable)}")
     return Platform(machine, features, profile, forced=True)
+
+
+def usable_profiles(machine: str, features: frozenset[str]) -> list[Profile]:
+    return [p for p in PROFILES if p.arch == machine and p.requires <= features]
 
 
 def _normalized_machine(machine: str) -> str:
@@ -153,9 +163,11 @@ def reexec_under(profile_name: str | None) -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+@functools.cache
 def current() -> Platform:
     """The platform of this process, checked against the torch already loaded and applied to
-    Inductor (its -march). Call it before compiling or packing anything."""
+    Inductor (its -march), once: ATen fixed its kernels at start, so the answer cannot change
+    (resolve and every cache key ask again). Call it before compiling or packing anything."""
     plat = detect()
     check_torch(plat)
     import torch._inductor.config as inductor_config
@@ -259,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"export {k}={v}" for k, v in environment(plat.profile).items()))
         return 0
     chosen = choose_path(plat, "cpu", "auto", "auto")
-    usable = [q.name for q in PROFILES if q.arch == plat.machine and q.requires <= plat.features]
-    print(f"{plat.describe()}\nauto path: {chosen.label(plat.profile)}\nprofiles this CPU can run: {', '.join(usable)}")
+    usable = ", ".join(q.name for q in plat.usable)
+    print(f"{plat.describe()}\nauto path: {chosen.label(plat.profile)}\nprofiles this CPU can run: {usable}")
     return 0
 
 

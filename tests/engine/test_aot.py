@@ -227,9 +227,8 @@ def test_another_torch_version_takes_the_cold_path(cold, loaded, cfg, key, tmp_p
 
 def _lower_profile() -> str | None:
     """A profile this CPU can run below its own (avx2 on AVX-512, the x86_64 baseline on AVX2)."""
-    plat = platform.detect({})
-    usable = [p.name for p in platform.PROFILES if p.arch == plat.machine and p.requires <= plat.features]
-    return usable[1] if len(usable) > 1 else None
+    usable = platform.detect({}).usable
+    return usable[1].name if len(usable) > 1 else None
 
 
 @pytest.mark.skipif(_lower_profile() is None, reason="this CPU has a single profile: nothing to cross to")
