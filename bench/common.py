@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +41,30 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def best_seconds(fn, device: str, repeats: int) -> float:
+    """The fastest of `repeats` calls of fn, in seconds (device work included)."""
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def previous_profiles(results_file: Path) -> dict:
+    """The `profiles` object of a results file (the latest run of each CPU profile), if any."""
+    return json.loads(results_file.read_text()).get("profiles", {}) if results_file.exists() else {}
 
 
 def write_json(name: str, data: dict) -> Path:

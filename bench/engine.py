@@ -12,7 +12,6 @@ of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, versions, write_json, write_section  # noqa: E402
+from common import RESULTS, best_seconds, previous_profiles, sync, versions, write_json, write_section  # noqa: E402
 
 from handler.engine import platform  # noqa: E402
 from handler.engine.config import EngineConfig  # noqa: E402
@@ -44,22 +43,6 @@ def parse_args():
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--out", default="engine")
     return p.parse_args()
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def best_seconds(fn, device: str, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def memory_bandwidth(device: str) -> float:
@@ -204,7 +187,7 @@ HEADLINE_KEYS = ("headline_variant", "memory_bandwidth_gb_s", "roofline_tokens_p
 
 def with_profile(previous_file: Path, r: dict) -> dict:
     """The `profiles` of the previous results with this run's headline under its CPU profile."""
-    profiles = json.loads(previous_file.read_text()).get("profiles", {}) if previous_file.exists() else {}
+    profiles = previous_profiles(previous_file)
     speedups = {k: v for k, v in r.items() if k.startswith(("speedup_vs_hf_bs", "roofline_fraction"))}
     profiles[r["versions"]["cpu_profile"]] = {
         **speedups, **{k: r[k] for k in HEADLINE_KEYS}, "tokens_per_s": r["tokens_per_s"], "dtype": r["dtype"],

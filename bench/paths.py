@@ -16,7 +16,6 @@ docs/results/paths.png, and the "Per CPU profile" section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, versions, write_json, write_section  # noqa: E402
+from common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section  # noqa: E402
 
 from handler.engine import packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
@@ -33,6 +32,7 @@ from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.engine.model import Linear  # noqa: E402
 
 ROWS = (1, 2, 8, 32, 128)
+REPEATS = 5  # every time is the best of this many
 
 
 def parse_args():
@@ -41,16 +41,6 @@ def parse_args():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     return p.parse_args()
-
-
-def seconds_per_call(fn, repeats: int = 5) -> float:
-    fn()  # warm-up (oneDNN builds its kernels on first use)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def projection_options(plat: platform.Platform) -> dict[str, tuple[str, str]]:
@@ -80,7 +70,8 @@ def projections_ms(weights: list[torch.Tensor], dtype: str, packing: str, rows: 
             linear(inputs[w.shape[1]], w)
 
     with torch.no_grad():
-        return 1e3 * seconds_per_call(step)
+        step()  # warm-up: oneDNN builds its kernels on first use
+        return 1e3 * best_seconds(step, "cpu", REPEATS)
 
 
 def decode_tokens_per_s(checkpoint: Path, dtype: str) -> tuple[float, float]:
@@ -94,7 +85,7 @@ def decode_tokens_per_s(checkpoint: Path, dtype: str) -> tuple[float, float]:
         start = time.perf_counter()
         step(token, pos, 64)
         compile_s = time.perf_counter() - start
-        per_step = seconds_per_call(lambda: [step(token, pos, 64) for _ in range(10)]) / 10
+        per_step = best_seconds(lambda: [step(token, pos, 64) for _ in range(10)], "cpu", REPEATS) / 10
     torch._dynamo.reset()
     return 1 / per_step, compile_s
 
@@ -117,8 +108,7 @@ def main() -> None:
         tps, compile_s = decode_tokens_per_s(checkpoint, dtype)
         run["decode_bs1"][dtype] = {"tokens_per_s": tps, "compile_s": compile_s}
         print(f"compiled batch-1 decode, {dtype} weights: {tps:.1f} tok/s", flush=True)
-    previous = RESULTS / "paths.json"
-    profiles = json.loads(previous.read_text()).get("profiles", {}) if previous.exists() else {}
+    profiles = previous_profiles(RESULTS / "paths.json")
     profiles[plat.profile.name] = {**run, "date": time.strftime("%Y-%m-%d")}
     write_json("paths.json", {"profiles": profiles})
     plot(run, RESULTS / "paths.png")
