@@ -41,3 +41,9 @@ def test_cli_reports_a_bad_checkpoint_clearly(tmp_path, capsys):
 def test_unknown_batching_mode_is_refused():
     with pytest.raises(ValueError, match="batching must be"):
         ServingOptions("static")
+
+
+def test_archive_sh_with_an_unknown_cpu_profile_is_a_one_line_error(capsys):
+    assert main(["--cpu-profile", "avx3"]) == 2
+    assert "archive.sh: error: TS_LLM_CPU_PROFILE='avx3' is not a profile" in capsys.readouterr().err
+

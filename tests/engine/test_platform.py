@@ -128,6 +128,17 @@ def test_the_path_label_names_profile_dtype_and_packing():
     assert chosen.label(platform.BY_NAME["avx2"]) == "avx2/bfloat16/packed-float32"
 
 
+def test_a_profile_torch_did_not_start_with_is_an_error_saying_how_to_start():
+    plat = platform.detect({})
+    below = next((p for p in plat.usable if p.aten_capability != plat.profile.aten_capability), None)
+    if below is None:
+        pytest.skip(f"{plat.describe()}: no profile below it with other ATen kernels")
+    forced = platform.Platform(plat.machine, plat.features, below, forced=True)
+    with pytest.raises(PlatformError, match=f"set {PROFILE_ENV}={below.name} .* before the process starts"):
+        platform.check_torch(forced)
+
+
 def test_this_machine_has_a_profile_and_torch_agrees_with_it():
     plat = platform.current()
     assert plat.profile.requires <= plat.features
+
