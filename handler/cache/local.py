@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +10,7 @@ from typing import Any, BinaryIO
 from handler.cache.errors import ArtifactNotFound, StoreUnavailable
 from handler.cache.progress import ByteCallback, copy_chunks, file_chunks
 from handler.cache.store import BlobStore
+from handler.files import atomic_file
 
 
 class LocalStore(BlobStore):
@@ -34,22 +33,13 @@ class LocalStore(BlobStore):
         return self._put(name, lambda f: f.write(data))
 
     def _put(self, name: str, write: Callable[[BinaryIO], object]) -> bool:
-        final = self.root / name
         with self._errors():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".put-", dir=final.parent)
             try:
-                with os.fdopen(fd, "wb") as f:
+                with atomic_file(self.root / name, exclusive=True) as f:
                     write(f)
-                    f.flush()
-                    os.fsync(f.fileno())  # a manifest must never outlive the blobs it names
-                # link() refuses an existing name: the local twin of S3's If-None-Match: *.
-                os.link(tmp, final)
                 return True
             except FileExistsError:
                 return False
-            finally:
-                os.unlink(tmp)
 
     def _get_file(self, name: str, size: int, dest: Path, on_bytes: ByteCallback) -> None:
         with self._errors():

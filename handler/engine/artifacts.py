@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, veri
 from handler.engine import aot, platform
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
+from handler.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def write_weights_digest(ckpt: Checkpoint, dest_dir: Path) -> str:
     """Hash the weights once, at build time, so workers need not re-read them at each start."""
     digest = digest_files(ckpt.weight_files)
     files = {p.name: p.stat().st_size for p in ckpt.weight_files}
-    _write_atomic(dest_dir / WEIGHTS_DIGEST_FILE, json.dumps({"digest": digest, "files": files}, indent=1))
+    write_atomic(dest_dir / WEIGHTS_DIGEST_FILE, json.dumps({"digest": digest, "files": files}, indent=1) + "\n")
     return digest
 
 
@@ -100,7 +99,7 @@ def artifact_key(cfg: EngineConfig, weights: str) -> CacheKey:
 
 def write_key_file(key: CacheKey, path: Path) -> None:
     """The key as the sidecar reads it (CacheKey.describe() JSON)."""
-    _write_atomic(path, json.dumps(key.describe(), indent=1, sort_keys=True))
+    write_atomic(path, json.dumps(key.describe(), indent=1, sort_keys=True) + "\n")
 
 
 # ---- lookup -----------------------------------------------------------------------------------
@@ -202,10 +201,3 @@ def install(write: Callable[[Path], object], key: CacheKey, dest_dir: Path) -> N
         (staged / MANIFEST_NAME).write_bytes(manifest.to_json())
         replace_dir(staged, dest_dir)
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from handler.files import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,8 @@ def install(src: Path, packed: dict[str, list[str]]) -> int:
 def _place(src: Path, target: Path, gunzip: bool) -> int:
     if target.exists():
         return 0
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".aot-", dir=target.parent)
-    with os.fdopen(fd, "wb") as out, (gzip.open(src, "rb") if gunzip else open(src, "rb")) as f:
+    with atomic_file(target) as out, (gzip.open(src, "rb") if gunzip else open(src, "rb")) as f:
         shutil.copyfileobj(f, out, 1 << 20)
-    os.replace(tmp, target)
     return 1
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from handler.files import write_atomic
 from handler.sidecar.errors import ConfigError
 
 
@@ -30,12 +30,9 @@ def flag_closer(path: Path, clock: Callable[[], float] = time.time) -> Callable[
 
 def write_flag(path: Path, now: float) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written aside and renamed: the handler only tests for existence, but a reader that
-        # looks inside (an operator) should never see half a file.
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"draining_since_epoch": now}) + "\n")
-        os.replace(partial, path)
+        # Atomic: the handler only tests for existence, but a reader that looks inside (an
+        # operator) should never see half a file.
+        write_atomic(path, json.dumps({"draining_since_epoch": now}) + "\n")
     except OSError as err:
         raise ConfigError(f"cannot create the drain flag file {path}: {err}; it must be writable "
                           "by the sidecar and on a volume the TorchServe worker sees") from err

@@ -28,8 +28,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 import types
@@ -39,6 +37,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from handler.files import write_atomic
 from handler.sidecar.config import KEY_FILE_NAME
 from handler.sidecar.errors import ConfigError, SidecarError
 
@@ -150,11 +149,7 @@ def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegis
               "downloads": count("ts_llm_cache_artifact_downloads_total")}
     path = restore_record_path(dest_dir)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(record))
     except OSError as err:  # the restore itself worked; only its metrics are lost
         log.warning("cannot write the restore record %s (%s): the sidecar will not export "
                     "this restore's outcome", path, err)
