@@ -38,7 +38,8 @@ from chaos_report import write_outputs
 from chaos_timeline import Sample, Sampler
 
 from handler.engine.convert import ensure_default_checkpoint
-from handler.launcher import TorchServe
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.launch import TorchServe
 from handler.sidecar.emulator import MetadataEmulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,16 +226,16 @@ def run_kill(args: argparse.Namespace, phase: KillPhase, ts: TorchServe,
 
 
 def worker_pid(ts: TorchServe) -> int:
-    (worker,) = ts.describe(MODEL)[0]["workers"]
-    return int(worker["pid"])
+    (worker,) = ts.client(MODEL).describe().workers
+    return int(worker.pid)
 
 
 def worker_ready_again(ts: TorchServe, old_pid: int) -> bool:
     try:
-        workers = ts.describe(MODEL)[0]["workers"]
-    except Exception:  # noqa: BLE001 - the frontend may be busy; try again
+        workers = ts.client(MODEL).describe().workers
+    except TorchServeError:  # the frontend may be busy; try again
         return False
-    return any(w["status"] == "READY" and int(w.get("pid") or 0) != old_pid for w in workers)
+    return any(w.status == "READY" and int(w.pid or 0) != old_pid for w in workers)
 
 
 def first_success(load: Load, since: float) -> float | None:

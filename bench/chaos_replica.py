@@ -1,5 +1,5 @@
 """One replica for the chaos run, from real parts: a .mar built with a drain flag, TorchServe
-started by handler.launcher, `ts-llm-sidecar watch` as its own process, the metadata emulator,
+started by handler.torchserve.launch, `ts-llm-sidecar watch` as its own process, the metadata emulator,
 and moto's S3 server holding the compile cache. Everything is on loopback; `Replica.close`
 stops what was started, also after a failure.
 """
@@ -20,7 +20,7 @@ import yaml
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
-from handler.launcher import Ports, TorchServe, free_port, start_torchserve
+from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "llm"

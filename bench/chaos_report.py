@@ -233,7 +233,7 @@ One command, about a minute and a half on a 2-core CPU machine:
     {r['command']}
 
 It builds an eager `.mar` of the default model with a drain flag, starts a real TorchServe
-(token auth on) with `handler.launcher`, runs `ts-llm-sidecar watch` as its own process against
+(token auth on) with `handler.torchserve.launch`, runs `ts-llm-sidecar watch` as its own process against
 the metadata emulator (IMDSv2, polled every 2 s), with moto's S3 server as the compile-cache
 store, and drives {r['clients']} closed-loop clients (half streaming, half not; a refused request
 is retried after 0.5 s, against the same replica: the worst case, since a load balancer would

@@ -23,7 +23,7 @@ from handler.build.archive import build_mar  # noqa: E402
 from handler.build.model_config import ServingOptions  # noqa: E402
 from handler.engine import platform  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.launcher import Ports, start_torchserve  # noqa: E402
+from handler.torchserve.launch import Ports, start_torchserve  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",

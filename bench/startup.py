@@ -45,7 +45,7 @@ from handler.cache import S3Store, make_s3_client, publish_if_new  # noqa: E402
 from handler.cache.sync import restore_in_background  # noqa: E402
 from handler.engine.artifacts import KEY_FILE_NAME  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.launcher import Ports, TorchServe, start_torchserve  # noqa: E402
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
 from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint."

@@ -10,7 +10,8 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
-from handler.launcher import TorchServe, TorchServeError, _ports_from, read_properties, start_torchserve
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.launch import TorchServe, ports_from, read_properties, start_torchserve
 
 WORKDIR = Path("run")  # key_file.json, logs and TorchServe's pid file live here
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except platform.PlatformError as err:
         print(f"serve.sh: error: {err}", file=sys.stderr)
         return 2
-    ts = TorchServe(WORKDIR.resolve(), _ports_from(read_properties(args.ts_config)))
+    ts = TorchServe(WORKDIR.resolve(), ports_from(read_properties(args.ts_config)))
     if args.stop:
         ts.stop()
         print("TorchServe stopped")

@@ -20,7 +20,7 @@ from handler.sidecar.drain import DrainDeps, DrainReport, run_drain
 from handler.sidecar.drain_client import request_drain
 from handler.sidecar.drain_plan import DrainPlan, DrainPolicy, plan_drain
 from handler.sidecar.notice import NoticeKind, TerminationNotice
-from handler.sidecar.torchserve_client import TorchServeClient, running_reader
+from handler.torchserve.client import TorchServeClient, running_reader
 from handler.sidecar.watch import Hooks, Sidecar
 
 __all__ = [

@@ -18,14 +18,15 @@ from handler.sidecar.drain_plan import DEFAULT_POLICY, DrainPlan, DrainPolicy, p
 from handler.sidecar.errors import SidecarError
 from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import Clock, TerminationNotice
-from handler.sidecar.torchserve_client import ModelState
+from handler.torchserve.client import ModelState
+from handler.torchserve.errors import TorchServeError
 
 log = logging.getLogger(__name__)
 report_log = logging.getLogger("handler.sidecar.report")
 
-# What a failed in-flight read may raise: our typed errors, requests/socket errors (OSError),
-# and a malformed number from the handler's endpoint.
-READ_ERRORS = (SidecarError, OSError, ValueError, KeyError)
+# What a failed in-flight read may raise: our typed errors, TorchServe's, requests/socket errors
+# (OSError), and a malformed number from the handler's endpoint.
+READ_ERRORS = (SidecarError, TorchServeError, OSError, ValueError, KeyError)
 
 # publish_cache(publish_by_epoch) -> truthy when something new was uploaded.
 CachePublisher = Callable[[float], object]

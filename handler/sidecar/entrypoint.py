@@ -33,7 +33,7 @@ from handler.sidecar import cache_hooks
 from handler.sidecar.cli import setup_logging
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
 from handler.sidecar.errors import ConfigError
-from handler.sidecar.process import terminate_tree
+from handler.torchserve.stop import terminate_tree
 from handler.sidecar.watch import Hooks, Sidecar
 
 log = logging.getLogger("handler.sidecar.entrypoint")

@@ -4,9 +4,10 @@
     ├── ConfigError            bad key, value or combination in the sidecar config
     ├── MetadataError          a metadata service answered something unusable (403, bad JSON)
     │   └── MetadataUnavailable  transient failures (timeouts, 5xx) outlasted the retries
-    ├── TorchServeError        the management API could not be read
-    │   └── TorchServeAuthError  the management key was refused even after a refresh
     └── CapacityError          replacement capacity could not be requested
+
+TorchServe's own failures (its management API, stopping it) are handler.torchserve.errors'
+TorchServeError, shared with the launcher.
 
 `TransientError` is internal to the retry helper: it marks one failed attempt that is worth
 repeating and never escapes `call_with_retry`.
@@ -26,14 +27,6 @@ class MetadataError(SidecarError):
 
 
 class MetadataUnavailable(MetadataError):
-    pass
-
-
-class TorchServeError(SidecarError):
-    pass
-
-
-class TorchServeAuthError(TorchServeError):
     pass
 
 

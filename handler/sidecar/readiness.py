@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from handler.sidecar.drain import ModelDescriber
 from handler.sidecar.drain_control import DrainControl
-from handler.sidecar.errors import TorchServeError
+from handler.torchserve.errors import TorchServeError
 from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import NoticeBoard
 

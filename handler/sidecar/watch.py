@@ -28,7 +28,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry
 
-from handler.sidecar import admission, aws_capacity, cache_hooks, process
+from handler.sidecar import admission, aws_capacity, cache_hooks
 from handler.sidecar.azure import AzureWatcher
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
 from handler.sidecar.drain import CachePublisher, DrainDeps, DrainReport, run_drain
@@ -42,8 +42,10 @@ from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import Clock, NoticeBoard, NoticeKind, TerminationNotice, should_drain
 from handler.sidecar.readiness import Readiness, SidecarHttpServer
 from handler.sidecar.signals import SignalWatcher
-from handler.sidecar.torchserve_client import TorchServeClient, running_reader
 from handler.sidecar.watcher import Watcher, run_watcher
+from handler.torchserve.client import TorchServeClient, running_reader
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.stop import read_pid_file, stop_pid, stop_with_cli
 from handler.worker_log import first_cause_in
 
 log = logging.getLogger(__name__)
@@ -221,7 +223,7 @@ class Sidecar:
                 return
             try:
                 ready = self.torchserve.describe().ready_workers > 0
-            except (SidecarError, OSError, ValueError):
+            except (SidecarError, TorchServeError, OSError, ValueError):
                 ready = False
             if ready:
                 outcome = publisher.publish_after_start()
@@ -341,10 +343,10 @@ def _call_all(calls: list[Callable[[], object]]) -> None:
 
 def _stopper(config: SidecarConfig) -> Callable[[float], None]:
     if config.stop_method is StopMethod.CLI:
-        return process.stop_with_cli
+        return stop_with_cli
     if config.stop_method is StopMethod.PID:
         pid_file = Path(config.torchserve_pid_file or "")
-        return lambda timeout_s: process.stop_pid(process.read_pid_file(pid_file), timeout_s)
+        return lambda timeout_s: stop_pid(read_pid_file(pid_file), timeout_s)
     return lambda timeout_s: None  # the orchestrator stops TorchServe
 
 

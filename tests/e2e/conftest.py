@@ -7,7 +7,7 @@ import pytest
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
-from handler.launcher import Ports, start_torchserve
+from handler.torchserve.launch import Ports, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llm"

@@ -8,7 +8,8 @@ import pytest
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
-from handler.launcher import Ports, TorchServeError, start_torchserve
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.launch import Ports, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llm"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from handler.launcher import free_port
+from handler.torchserve.launch import free_port
 from handler.sidecar.cli import main
 from handler.sidecar.config import config_from_mapping
 from handler.sidecar.emulator import MetadataEmulator

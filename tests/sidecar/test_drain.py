@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from handler.sidecar.drain import DrainDeps, run_drain
 from handler.sidecar.drain_plan import DrainPolicy
-from handler.sidecar.errors import CapacityError, TorchServeError
+from handler.sidecar.errors import CapacityError
+from handler.torchserve.errors import TorchServeError
 from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import NoticeKind, TerminationNotice
-from handler.sidecar.torchserve_client import ModelState, WorkerInfo
+from handler.torchserve.client import ModelState, WorkerInfo
 
 POLICY = DrainPolicy(margin_s=5, publish_reserve_s=15, stop_reserve_s=10, poll_interval_s=0.5,
                      quiet_s=1.0)

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from handler.sidecar.load_metrics import IN_FLIGHT, MODEL_LABEL, WAITING, LoadCollector
-from handler.sidecar.torchserve_client import TorchServeClient, running_reader
+from handler.torchserve.client import TorchServeClient, running_reader
 
 from .conftest import FakeManagement
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from handler.sidecar.errors import TorchServeError
-from handler.sidecar.process import read_pid_file, stop_with_cli, terminate_tree
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.stop import read_pid_file, stop_with_cli, terminate_tree
 
 PARENT = textwrap.dedent("""
     import subprocess, sys, time

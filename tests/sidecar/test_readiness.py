@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from handler.sidecar.metrics import SidecarMetrics
 from handler.sidecar.notice import NoticeBoard, NoticeKind, TerminationNotice
 from handler.sidecar.readiness import Readiness, SidecarHttpServer
-from handler.sidecar.torchserve_client import TorchServeClient
+from handler.torchserve.client import TorchServeClient
 
 from .conftest import START, FakeManagement, write_key_file
 

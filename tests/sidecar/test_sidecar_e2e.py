@@ -2,7 +2,7 @@
 requests before accepting them, and stops TorchServe with nothing left in flight.
 
 Real parts only: an eager .mar of the default model built with a drain flag, TorchServe started
-by handler.launcher (token auth on), the metadata emulator over HTTP, the sidecar's `watch`
+by handler.torchserve.launch (token auth on), the metadata emulator over HTTP, the sidecar's `watch`
 loop with stop_method=pid. Bounded: the model loads in ~10 s, the drain takes a few seconds.
 """
 
@@ -20,7 +20,7 @@ import requests
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
-from handler.launcher import Ports, TorchServe, start_torchserve
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 from handler.sidecar.config import config_from_mapping
 from handler.sidecar.drain import DrainReport
 from handler.sidecar.emulator import MetadataEmulator

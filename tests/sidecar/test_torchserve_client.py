@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.sidecar.errors import TorchServeAuthError, TorchServeError
-from handler.sidecar.torchserve_client import KeyFile, TorchServeClient, running_reader
+from handler.torchserve.errors import TorchServeAuthError, TorchServeError
+from handler.torchserve.client import KeyFile, TorchServeClient, running_reader
 
 from .conftest import START, FakeManagement, write_key_file
 

@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from handler.sidecar.errors import TorchServeAuthError, TorchServeError
-from handler.sidecar.notice import Clock, parse_rfc3339
+from handler.torchserve.errors import TorchServeAuthError, TorchServeError
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class KeyFile:
     """TorchServe's key_file.json, written in the JVM's working directory on start."""
 
     management_key: str
-    management_expires: float
-    api_key: str
+    management_expires: float  # epoch seconds
+    api_key: str  # asks for new keys (/token)
+    inference_key: str
 
     @classmethod
     def load(cls, path: Path) -> KeyFile | None:
@@ -59,8 +60,9 @@ class KeyFile:
         try:
             doc = json.loads(path.read_text())
             management = doc["management"]
-            return cls(management["key"], parse_rfc3339(management["expiration time"]),
-                       doc["API"]["key"])
+            # A Java Instant, always in UTC: '2026-01-05T18:02:00.123456789Z'.
+            expires = datetime.fromisoformat(management["expiration time"]).timestamp()
+            return cls(management["key"], expires, doc["API"]["key"], doc["inference"]["key"])
         except FileNotFoundError:
             return None
         except (KeyError, TypeError, ValueError) as err:
@@ -70,7 +72,7 @@ class KeyFile:
 class TorchServeClient:
     def __init__(self, management_url: str, model_name: str, *, key_file: Path | None = None,
                  session: requests.Session | None = None, timeout_s: float = 2.0,
-                 clock: Clock = time.time) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self._base = management_url.rstrip("/")
         self.model_name = model_name
         self._key_file = key_file  # None: token auth is off (--disable-token-auth)

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import psutil
 
-from handler.sidecar.errors import TorchServeError
+from handler.torchserve.errors import TorchServeError
 
 
-def stop_with_cli(timeout_s: float, executable: str = "torchserve") -> None:
+def stop_with_cli(timeout_s: float, executable: str = "torchserve", cwd: Path | None = None,
+                  env: dict[str, str] | None = None) -> None:
+    """`torchserve --stop`: it finds the server through ts.pid in its temp dir (TMPDIR of `env`)."""
     # --foreground makes --stop wait (up to 60 s) for the frontend to exit instead of
     # returning as soon as the signal is sent.
-    done = subprocess.run([executable, "--stop", "--foreground"], capture_output=True,
+    done = subprocess.run([executable, "--stop", "--foreground"], capture_output=True, cwd=cwd, env=env,
                           text=True, timeout=timeout_s, check=False)
     if done.returncode != 0 or "took too long" in done.stdout:
         raise TorchServeError(f"torchserve --stop: rc={done.returncode} {done.stdout.strip()}")

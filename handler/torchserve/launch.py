@@ -6,26 +6,24 @@ management API, as KServe's wrapper checks it.
 """
 from __future__ import annotations
 
-import json
+import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from handler.engine import platform
+from handler.torchserve.client import KeyFile, TorchServeClient
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.stop import stop_with_cli, terminate_tree
 from handler.worker_log import first_cause
 
+log = logging.getLogger(__name__)
+
 PORT_KEYS = ("inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port")
-
-
-class TorchServeError(RuntimeError):
-    pass
 
 
 def free_port() -> int:
@@ -86,7 +84,7 @@ class TorchServe:
     workdir: Path
     ports: Ports
     process: subprocess.Popen | None = None
-    keys: dict = field(default_factory=dict)
+    keys: KeyFile | None = None
     model_log_offset: int = 0  # where this run's part of a reused logs/model_log.log starts
 
     @property
@@ -101,30 +99,34 @@ class TorchServe:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.metrics}"
 
+    @property
+    def key_file(self) -> Path:
+        return self.workdir / "key_file.json"  # the JVM writes it into its working directory
+
     def token(self, api: str = "inference") -> str | None:
-        if not self.keys:
-            key_file = self.workdir / "key_file.json"
+        """The key for `api` ("inference" or "management"); None until TorchServe wrote its key file."""
+        if self.keys is None:
             try:
-                self.keys = json.loads(key_file.read_text())
-            except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or half-written
+                self.keys = KeyFile.load(self.key_file)
+            except TorchServeError:  # half-written
                 return None
-        return self.keys[api]["key"]
+        if self.keys is None:
+            return None
+        return self.keys.inference_key if api == "inference" else self.keys.management_key
 
     def headers(self, api: str = "inference") -> dict[str, str]:
         token = self.token(api)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def describe(self, model: str) -> list[dict]:
-        r = requests.get(f"{self.management_url}/models/{model}", headers=self.headers("management"), timeout=10)
-        r.raise_for_status()
-        return r.json()
+    def client(self, model: str) -> TorchServeClient:
+        """The management API for `model` (renews the management key when it expires)."""
+        return TorchServeClient(self.management_url, model, key_file=self.key_file, timeout_s=10.0)
 
     def ready_workers(self, model: str) -> int:
         try:
-            workers = self.describe(model)[0].get("workers", [])
-        except (requests.RequestException, ValueError, IndexError):
+            return self.client(model).describe().ready_workers
+        except TorchServeError:
             return 0
-        return sum(w.get("status") == "READY" for w in workers)
 
     def wait_ready(self, model: str, timeout: float) -> float:
         """Block until a worker of `model` is READY; returns seconds waited."""
@@ -155,15 +157,23 @@ class TorchServe:
         lines = self.model_log().splitlines()
         return sum(WORKER_DIED in ln for ln in lines), first_cause(lines)
 
-
     def stop(self, timeout: float = 60) -> None:
-        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop", "--foreground"], cwd=self.workdir, env=_env(self.workdir), timeout=timeout,
-                       capture_output=True)
+        """`torchserve --stop`, then the tree this launcher started is made sure gone (a
+        TorchServeError if some of it had to be killed)."""
+        try:
+            stop_with_cli(timeout, str(Path(sys.executable).parent / "torchserve"), cwd=self.workdir, env=_env(self.workdir))
+        except (TorchServeError, subprocess.TimeoutExpired) as err:  # e.g. it was not running
+            log.warning("torchserve --stop: %s", err)
         if self.process is not None:
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.send_signal(signal.SIGKILL)
+            terminate_tree(self.process.pid, timeout, wait_root=lambda t: _waited(self.process, t))
+
+
+def _waited(process: subprocess.Popen, timeout: float) -> bool:
+    try:
+        process.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -201,12 +211,12 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     log = open(workdir / "torchserve.out", "ab")
     process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    ts = TorchServe(workdir, ports or _ports_from(props), process, model_log_offset=log_offset)
+    ts = TorchServe(workdir, ports or ports_from(props), process, model_log_offset=log_offset)
     _wait_for_key_file(ts, props)
     return ts
 
 
-def _ports_from(props: dict[str, str]) -> Ports:
+def ports_from(props: dict[str, str]) -> Ports:
     def port(key: str, default: int) -> int:
         value = props.get(key)
         return int(value.rsplit(":", 1)[1]) if value and ":" in value.split("//")[-1] else int(value) if value else default
