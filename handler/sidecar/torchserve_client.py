@@ -22,7 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from handler.sidecar.errors import TorchServeAuthError, TorchServeError
-from handler.sidecar.notice import Clock, parse_rfc3339
+from handler.sidecar.notice.termination import Clock, parse_rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from handler.sidecar.emulator import MetadataEmulator
+from handler.testing.metadata_emulator import MetadataEmulator
 
 START = 1_800_000_000.0  # 2027-01-15, a fixed "now" for the pure tests
 
