@@ -40,7 +40,7 @@ from chaos_timeline import Sample, Sampler
 from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import TorchServe
-from handler.sidecar.emulator import MetadataEmulator
+from handler.testing.metadata_emulator import MetadataEmulator
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
@@ -264,7 +264,7 @@ def _until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
 
 
 def _rfc3339(text: str) -> float:
-    from handler.sidecar.notice import parse_rfc3339
+    from handler.sidecar.notice.termination import parse_rfc3339
 
     return parse_rfc3339(text)
 

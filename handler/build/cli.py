@@ -10,12 +10,11 @@ from pathlib import Path
 from handler.build.archive import build_mar
 from handler.build.precompile import build_artifact
 from handler.build.model_config import ServingOptions
-from handler.cache import publish_if_new
+from handler.cache import open_store, publish_if_new
 from handler.engine import platform
 from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
-from handler.sidecar.cache_hooks import open_store
 
 DEFAULT_CHECKPOINT_DIR = Path("artifacts/checkpoints/smollm2-135m-instruct")
 

@@ -3,7 +3,8 @@
     CacheStoreError
      ├── StoreUnavailable           the store cannot be used at all: fix config, network or credentials
      ├── ArtifactNotFound           the store works but holds no artifact for this key (a cache miss)
-     └── ArtifactVerificationError  the artifact does not match its manifest; it is never installed
+     ├── ArtifactVerificationError  the artifact does not match its manifest; it is never installed
+     └── StoreUriError              the store URI names no store (s3:// without a bucket)
 """
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ class ArtifactVerificationError(CacheStoreError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class StoreUriError(CacheStoreError):
+    """The store URI cannot name a store; raised by open_store before anything is contacted."""

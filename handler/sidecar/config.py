@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from handler.sidecar.drain_plan import DrainPolicy
+from handler.sidecar.drain.plan import DrainPolicy
 from handler.sidecar.errors import ConfigError
 
 # The compile cache's key file inside cache_dir: whoever compiles writes it next to the artifacts.

@@ -39,7 +39,7 @@ def source_text(root: Path, suffixes: tuple[str, ...]) -> str:
 
 
 def sidecar_cli_present() -> bool:
-    return module_file("handler.sidecar.cli").is_file()
+    return module_file("handler.sidecar.app.cli").is_file()
 
 
 def serving_handler_present() -> bool:
@@ -48,7 +48,7 @@ def serving_handler_present() -> bool:
 
 
 needs_sidecar = pytest.mark.skipif(
-    not sidecar_cli_present(), reason="handler/sidecar/cli.py not in the tree yet"
+    not sidecar_cli_present(), reason="handler/sidecar/app/cli.py not in the tree yet"
 )
 
 
@@ -81,7 +81,7 @@ def test_sidecar_modules_exist(contract) -> None:
 @needs_sidecar
 @pytest.mark.parametrize("name", ["cache-restore", "sidecar"])
 def test_sidecar_cli_accepts_the_container_command_lines(pod, helpers, name) -> None:
-    cli = importlib.import_module("handler.sidecar.cli")
+    cli = importlib.import_module("handler.sidecar.app.cli")
     args = with_env_placeholders(helpers.container(pod, name)["args"])
     error = parses(cli.build_parser(), args)
     assert error is None, error
@@ -89,7 +89,7 @@ def test_sidecar_cli_accepts_the_container_command_lines(pod, helpers, name) -> 
 
 @needs_sidecar
 def test_sidecar_cli_accepts_the_prestop_command(pod, helpers, contract) -> None:
-    cli = importlib.import_module("handler.sidecar.cli")
+    cli = importlib.import_module("handler.sidecar.app.cli")
     command = helpers.serving_container(pod)["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == contract.sidecar_console_script
     error = parses(cli.build_parser(), command[1:])
@@ -98,7 +98,7 @@ def test_sidecar_cli_accepts_the_prestop_command(pod, helpers, contract) -> None
 
 @needs_sidecar
 def test_entrypoint_accepts_the_torchserve_container_flags(pod, helpers) -> None:
-    entrypoint = importlib.import_module("handler.sidecar.entrypoint")
+    entrypoint = importlib.import_module("handler.sidecar.app.entrypoint")
     command = helpers.serving_container(pod)["command"]
     argv = [*command[3:], "torchserve", "--start"]
     try:
@@ -130,7 +130,7 @@ def test_handler_declares_the_metrics_the_hpa_uses(contract) -> None:
 def test_sidecar_exports_the_hpa_metric_with_the_selector_label(contract) -> None:
     """The HPAs select ts_llm_requests_waiting{model_name=llm}; the sidecar's collector must
     export exactly that name and label (and the in-flight gauge the contract names)."""
-    load = importlib.import_module("handler.sidecar.load_metrics")
+    load = importlib.import_module("handler.sidecar.endpoints.replica_load")
     assert load.WAITING == contract.metric_names["queue_waiting"]
     assert load.IN_FLIGHT == contract.metric_names["in_flight"]
     assert load.MODEL_LABEL == contract.model_label
@@ -164,7 +164,7 @@ def test_key_path_agrees_between_key_step_restore_publish_and_worker(
     """The key step writes one file; the restore must read that file, the watching sidecar's
     publish must default to it, and a worker's cold compile must write the same name inside
     the artifact dir it installs (so publish finds the key of what it uploads)."""
-    cli = importlib.import_module("handler.sidecar.cli")
+    cli = importlib.import_module("handler.sidecar.app.cli")
     config = importlib.import_module("handler.sidecar.config")
     key_step = helpers.container(pod, "cache-key")["args"]
     (out,) = [a.partition("=")[2] for a in key_step if a.startswith("--out=")]

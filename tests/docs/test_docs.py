@@ -82,7 +82,7 @@ def test_every_request_error_is_explained(line: int, segments: list[str]) -> Non
 CACHE_ERROR_SOURCES = {
     "handler/cache/s3.py": "StoreUnavailable",
     "handler/cache/local.py": "StoreUnavailable",
-    "handler/sidecar/cache_hooks.py": "ArtifactDirError",
+    "handler/sidecar/app/cache_sync.py": "ArtifactDirError",
 }
 
 

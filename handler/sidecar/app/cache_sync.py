@@ -1,0 +1,299 @@
+"""The sidecar's side of `handler.cache`: restore, publish, and the drain's publisher.
+
+`handler.cache.sync.restore(store, key, dest_dir, log)` and `publish_if_new(store, key, src_dir)`
+take an ArtifactStore and a CacheKey. From the command line and the sidecar config those arrive
+as text: the store as a URI (`s3://bucket/prefix`, or a local directory; handler.cache.open_store reads it) and the key as the path
+of a JSON file holding `CacheKey.describe()`.
+
+The key-file contract: whoever compiles writes `cache-key.json` into the cache directory next
+to the artifacts (config.KEY_FILE_NAME); in a pod, an init step writes the same file from the
+.mar before the restore (`python -m handler.build.precompile key MAR --out FILE`). No key file
+means nothing to look up (restore: a cold start) and nothing to publish.
+
+What is published is the artifact in the cache directory. With the manifest that a restore or
+a worker's install put there (`.artifact-manifest.json`), it must be that manifest's files for
+the key in the key file; one whose files or key disagree with its manifest is refused with an
+ArtifactDirError, and so is a directory holding a symlink. A directory with nothing but the key
+file (the pod's key step wrote it, and the worker loaded the .mar's own artifact) or nothing at
+all has nothing to publish.
+
+The restore runs in its own process (an init container), or in a thread of the entrypoint while
+TorchServe starts (restore_at_start), so its counters do not go to the watching sidecar's
+registry directly: it writes them to a small record beside the cache dir
+(`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from handler.cache import (ArtifactStore, ArtifactVerificationError, CacheKey, CacheMetrics,
+                           StoreUriError)
+from handler.cache import open_store as open_uri
+from handler.cache.manifest import MANIFEST_NAME, Manifest, artifact_files, size_mismatch
+from handler.cache.sync import publish_if_new, restore_in_background
+from handler.files import write_atomic
+from handler.sidecar.config import KEY_FILE_NAME
+from handler.sidecar.errors import ConfigError, SidecarError
+
+log = logging.getLogger(__name__)
+# The one line of the publish after start comes from handler.cache.sync, under this name.
+after_start_log = logging.getLogger("handler.sidecar.publish_after_start")
+
+NO_KEY = "no_key"  # no key file: not an error, nothing to do
+NO_ARTIFACT = "no_artifact"  # a key but no installed artifact in the cache dir: nothing to publish
+ERROR = "error"  # the publish after start failed in a way that is not store_unavailable
+
+
+class ArtifactDirError(SidecarError):
+    """The cache dir holds something that must not be published; the message says what."""
+
+
+def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None,
+               metrics: CacheMetrics | None = None) -> ArtifactStore:
+    """handler.cache.open_store, with a URI that names no store as a ConfigError (exit 2)."""
+    try:
+        return open_uri(uri, endpoint_url, region, metrics)
+    except StoreUriError as err:
+        raise ConfigError(str(err)) from err
+
+
+def load_key(path: Path) -> CacheKey:
+    try:
+        fields = json.loads(path.read_text())
+        fields.pop("digest", None)  # derived, not a field
+        return CacheKey(**fields)
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{path} is not a cache key file (CacheKey.describe() JSON): {err}"
+                          ) from err
+
+
+# ---- restore, and its record for the sidecar's /metrics
+
+def restore_record_path(cache_dir: Path) -> Path:
+    """Beside the cache dir, like the install lock: never inside the artifact."""
+    return cache_dir.parent / f".{cache_dir.name}.restore.json"
+
+
+def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
+            region: str | None = None) -> str:
+    return str(start_restore(store_uri, key_path, dest_dir, endpoint_url, region).result())
+
+
+def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
+                  region: str | None = None) -> Future[str]:
+    """The restore, running once this returns and holding the cache dir's install lock (see
+    handler.cache.sync.restore_in_background): a worker started now waits for it. Its outcome
+    and counters go to the restore record when it ends."""
+    # The counters leave through the record (a restore step is its own process).
+    registry = CollectorRegistry()
+    store = open_store(store_uri, endpoint_url, region, CacheMetrics.create(registry))
+    restoring: Future[str]
+    if not key_path.exists():
+        log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
+                    key_path)
+        restoring = Future()
+        restoring.set_result(NO_KEY)
+    else:
+        restoring = restore_in_background(store, load_key(key_path), dest_dir, log)
+    outcome: Future[str] = Future()  # resolved once the record is written
+
+    def record(done: Future[str]) -> None:
+        if done.exception() is not None:
+            outcome.set_exception(done.exception())
+            return
+        _write_restore_record(dest_dir, str(done.result()), registry)
+        outcome.set_result(str(done.result()))
+
+    restoring.add_done_callback(record)
+    return outcome
+
+
+def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegistry) -> None:
+    def count(name: str) -> int:
+        return int(registry.get_sample_value(name) or 0)
+
+    record = {"outcome": outcome, "epoch": time.time(),
+              "rejected": count("ts_llm_cache_artifacts_rejected_total"),
+              "downloads": count("ts_llm_cache_artifact_downloads_total")}
+    path = restore_record_path(dest_dir)
+    try:
+        write_atomic(path, json.dumps(record))
+    except OSError as err:  # the restore itself worked; only its metrics are lost
+        log.warning("cannot write the restore record %s (%s): the sidecar will not export "
+                    "this restore's outcome", path, err)
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    outcome: str  # a RestoreOutcome, or NO_KEY
+    rejected: int  # artifacts the store rejected during the restore
+    downloads: int
+
+
+def read_restore_record(cache_dir: Path) -> RestoreRecord | None:
+    """The last restore's record, or None when there is none (no restore ran) or it is
+    unreadable (logged)."""
+    path = restore_record_path(cache_dir)
+    try:
+        record = json.loads(path.read_text())
+        return RestoreRecord(str(record["outcome"]), int(record["rejected"]),
+                             int(record["downloads"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("ignoring the unreadable restore record %s: %s", path, err)
+        return None
+
+
+# ---- publish
+
+def publishable_key(key_path: Path, src_dir: Path) -> CacheKey | str:
+    """The key in key_path when src_dir holds an artifact to publish under it, else why not:
+    NO_KEY or NO_ARTIFACT. Hashes nothing: the store hashes what it uploads.
+
+    With an installed manifest (a restore's or a worker's install), the files must be exactly
+    the ones it lists, with their sizes, and its key the key file's. Without one, any file
+    besides the key file is an artifact (a directory filled by hand), and a directory holding
+    nothing else (the pod's key step's file only) has nothing to publish. Raises
+    ArtifactDirError when src_dir holds something that must not be published, and ConfigError
+    when the key file is not one."""
+    if not key_path.exists():
+        return NO_KEY
+    key = load_key(key_path)
+    present = _artifact_files(src_dir)
+    manifest = _installed_manifest(src_dir)
+    if manifest is None:
+        return NO_ARTIFACT if set(present) <= {KEY_FILE_NAME} else key
+    _check_matches(src_dir, present, manifest, key, key_path)
+    return key
+
+
+def _artifact_files(src_dir: Path) -> dict[str, Path]:
+    try:
+        return dict(artifact_files(src_dir))
+    except ValueError as err:  # a symlink
+        raise ArtifactDirError(f"{err}: not published") from err
+    except OSError as err:
+        raise ArtifactDirError(f"cannot list {src_dir}: {err}") from err
+
+
+def _installed_manifest(src_dir: Path) -> Manifest | None:
+    """The manifest in src_dir, None when there is none. Unlike handler.cache.install's, an
+    unusable one is an error here: publishing beside it would publish an unknown artifact."""
+    manifest_path = src_dir / MANIFEST_NAME
+    try:
+        return Manifest.from_json(manifest_path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise ArtifactDirError(f"cannot read {manifest_path}: {err}") from err
+    except ArtifactVerificationError as err:
+        raise ArtifactDirError(f"{src_dir} holds an unusable manifest ({err}): not published"
+                               ) from err
+
+
+def _check_matches(src_dir: Path, present: dict[str, Path], manifest: Manifest, key: CacheKey,
+                   key_path: Path) -> None:
+    """handler.cache.install.installed's checks (key, then sizes), plus no file beyond the
+    manifest's, each failure with its own message."""
+    if manifest.key_digest != key.digest():
+        raise ArtifactDirError(
+            f"the artifact in {src_dir} was built for key {manifest.key_digest}, but {key_path} "
+            f"holds key {key.digest()}: not published under the wrong key")
+    listed = {entry.path for entry in manifest.files}
+    odd = sorted(present.keys() ^ listed)
+    if not listed or odd:
+        what = f"{odd[0]} is {'not in' if odd and odd[0] in present else 'missing from'} it" \
+            if odd else "it lists no files"
+        raise ArtifactDirError(f"{src_dir} does not match its manifest ({what}): not published")
+    mismatch = size_mismatch(src_dir, manifest)
+    if mismatch is not None:
+        entry, size = mismatch
+        raise ArtifactDirError(f"{src_dir} does not match its manifest ({entry.path}: size "
+                               f"{size} != {entry.size}): not published")
+
+
+def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | None = None,
+            region: str | None = None) -> str:
+    """`ts-llm-sidecar publish`. Raises ArtifactDirError for a cache dir with no artifact to
+    publish (the command was asked to publish one) or one that must not be published."""
+    store = open_store(store_uri, endpoint_url, region)
+    key = publishable_key(key_path, src_dir)
+    if key == NO_KEY:
+        log.warning("%s", nothing_to_publish(key, key_path, src_dir))
+        return NO_KEY
+    if isinstance(key, str):
+        raise ArtifactDirError(nothing_to_publish(key, key_path, src_dir))
+    return _publish_if_new(store, key, src_dir, log)
+
+
+def nothing_to_publish(missing: str, key_path: Path, src_dir: Path) -> str:
+    if missing == NO_KEY:
+        return f"no cache key at {key_path}: nothing compiled here, nothing to publish"
+    return (f"no artifact in {src_dir} (no files besides {KEY_FILE_NAME}; a restore or a "
+            "worker's cold compile installs one): nothing to publish")
+
+
+def _publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
+                    logger: logging.Logger) -> str:
+    try:
+        return str(publish_if_new(store, key, src_dir, logger))
+    except ValueError as err:  # changed under us since the check: empty, or a symlink
+        raise ArtifactDirError(f"{err}: not published") from err
+    except OSError as err:  # a file vanished or is unreadable (store errors are CacheStoreError)
+        raise ArtifactDirError(f"publishing {src_dir} failed: {err}") from err
+
+
+class Publisher:
+    """The sidecar's publisher: the drain's CachePublisher (called with publish_by) and the
+    one publish after TorchServe is first ready. The store is opened now, so a bad URI fails
+    at start-up; the key file is read at publish time, because a
+    cold start writes it only once something has been compiled. One publish at a time: a
+    drain that starts while the publish after start uploads waits for it, then finds the
+    artifact present."""
+
+    def __init__(self, store_uri: str, key_path: Path, src_dir: Path,
+                 endpoint_url: str | None = None, region: str | None = None,
+                 metrics: CacheMetrics | None = None) -> None:
+        self.store_uri, self.key_path, self.src_dir = store_uri, key_path, src_dir
+        self._store = open_store(store_uri, endpoint_url, region, metrics)
+        self._lock = threading.Lock()
+
+    def __call__(self, publish_by: float) -> bool:
+        # publish_if_new takes no deadline; the drain abandons it at publish_by instead.
+        with self._lock:
+            key = publishable_key(self.key_path, self.src_dir)
+            if isinstance(key, str):
+                log.warning("%s", nothing_to_publish(key, self.key_path, self.src_dir))
+                return False
+            outcome = _publish_if_new(self._store, key, self.src_dir, log)
+        if outcome == "store_unavailable":
+            raise SidecarError(f"cache store {self.store_uri} unavailable; not published")
+        return outcome == "published"
+
+    def publish_after_start(self) -> str:
+        """Publish once if the cache dir holds an artifact the store lacks (a cold start
+        compiled it). Logs one line; returns the outcome: published, already_present,
+        store_unavailable, no_key, no_artifact or error. Never raises."""
+        try:
+            with self._lock:
+                key = publishable_key(self.key_path, self.src_dir)
+                if isinstance(key, str):
+                    after_start_log.info("compile cache after start: %s",
+                                         nothing_to_publish(key, self.key_path, self.src_dir))
+                    return key
+                return _publish_if_new(self._store, key, self.src_dir, after_start_log)
+        except Exception as err:  # noqa: BLE001 - a background thread: report, never raise
+            after_start_log.error("compile cache: not published after start: %s: %s",
+                                  type(err).__name__, err)
+            return ERROR
+

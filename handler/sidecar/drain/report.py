@@ -1,0 +1,50 @@
+"""What a drain did: one StepRecord per step, the in-flight counts, and the exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from handler.sidecar.drain.plan import DrainPlan
+from handler.sidecar.notice.termination import TerminationNotice
+
+
+@dataclass
+class StepRecord:
+    name: str
+    started_epoch: float
+    ended_epoch: float | None = None
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass
+class DrainReport:
+    notice: TerminationNotice
+    plan: DrainPlan
+    steps: list[StepRecord] = field(default_factory=list)
+    in_flight_at_notice: int | None = None
+    in_flight_at_stop: int | None = None
+    published: bool | None = None  # None: no publisher configured
+    stopped: bool = False
+    errors: list[str] = field(default_factory=list)
+    ended_epoch: float | None = None
+
+    @property
+    def drain_seconds(self) -> float | None:
+        return None if self.ended_epoch is None else self.ended_epoch - self.plan.started_epoch
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.stopped else 1
+
+    def step(self, name: str) -> StepRecord | None:
+        return next((record for record in self.steps if record.name == name), None)
+
+    def to_json(self) -> dict[str, object]:
+        return {"event": "drain_report", "notice": self.notice.to_json(),
+                "plan": self.plan.to_json(), "drain_seconds": self.drain_seconds,
+                "deadline_seconds": self.plan.deadline_epoch - self.plan.started_epoch,
+                "in_flight_at_notice": self.in_flight_at_notice,
+                "in_flight_at_stop": self.in_flight_at_stop, "published": self.published,
+                "stopped": self.stopped, "exit_code": self.exit_code, "errors": self.errors,
+                "steps": [vars(record) for record in self.steps]}

@@ -1,0 +1,6 @@
+"""Test doubles that run as real services: the cloud metadata emulator (metadata_emulator.py,
+its state in metadata_state.py), for the tests and the chaos drill (bench/chaos.py).
+
+Nothing in the serving or spot path imports this package; tests/testing/test_testing_isolation.py
+scans handler/ to keep it so.
+"""
