@@ -1,0 +1,91 @@
+"""The house plan (docs/architecture.md): small modules, imports that only go one way, no import
+seams, a sidecar with a few rooms at the top, and TorchServe kept at the edge."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HANDLER = REPO / "handler"
+SIDECAR = HANDLER / "sidecar"
+MAX_LINES = 350
+# Where TorchServe may be imported: the handler (its adapter) and the build step that calls
+# torch-model-archiver. The engine and the service core stay free of it.
+TORCHSERVE_FREE = ("handler.engine", "handler.serving.service", "handler.serving.protocol", "handler.cache")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(HANDLER.rglob("*.py"))}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module `path` names in an import statement, at any depth."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module}
+    return found
+
+
+def package_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The handler modules `path` imports, at any depth: an import inside a function still ties
+    the two modules (it only hides the cycle). `from pkg import module` imports that module,
+    not pkg's __init__ (which every submodule runs first anyway)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known.keys()
+            names_only = len(submodules) < len(node.names)
+            found |= submodules | ({node.module} if names_only else set())
+    return found & known.keys()
+
+
+def test_the_top_level_has_few_entries() -> None:
+    entries = [p.name for p in SIDECAR.iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 8, sorted(entries)
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_nothing_imports_through_importlib() -> None:
+    seams = ("import_module(", "__import__(", "importlib.util")
+    users = [name for name, path in modules().items() if any(seam in path.read_text() for seam in seams)]
+    assert users == []
+
+
+def test_the_engine_and_the_service_core_do_not_import_torchserve() -> None:
+    users = {name: sorted(m for m in imports(path) if m == "ts" or m.startswith("ts."))
+             for name, path in modules().items() if name.startswith(TORCHSERVE_FREE)}
+    assert {name: found for name, found in users.items() if found} == {}
+
+
+def test_module_imports_have_no_cycle() -> None:
+    known = modules()
+    graph = {name: package_imports(path, known) - {name} for name, path in known.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            raise AssertionError(" -> ".join(trail[trail.index(name):] + [name]))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, trail + [name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
