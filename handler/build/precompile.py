@@ -22,9 +22,8 @@ from handler.cache.key import CacheKey, digest_files
 from handler.engine import aot
 from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile import compile_and_install
 from handler.engine.config import EngineConfig
-from handler.engine.factory import prepare_model
+from handler.engine.factory import compile_and_install, prepare_model
 from handler.engine.platform import resolve
 from handler.serving.config import HandlerConfig
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from handler.engine.compile_errors import CompileError, failure_reason
+
 log = logging.getLogger(__name__)
 
 LOADING_SWITCH_INTERVAL = 0.0005  # seconds, while a background load runs
@@ -83,8 +85,6 @@ class BackgroundLoad:
         return self._eager_after_failure()
 
     def _eager_after_failure(self) -> Any:
-        from handler.engine.compile import CompileError
-
         reason = failure_reason(self._error)
         if not self._allow_eager:
             raise CompileError(f"loading the compiled model in the background failed ({reason}); "
@@ -97,8 +97,3 @@ class BackgroundLoad:
                 self._on_failed(reason)
         return self._eager
 
-
-def failure_reason(err: BaseException) -> str:
-    """`Type: first line of the message`: what a compile or load failure is logged and counted as."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"

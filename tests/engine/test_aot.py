@@ -22,9 +22,9 @@ from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import aot, artifacts, cpp_cache, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile import ArtifactRequest, CompileError, build_steps
+from handler.engine.compile_errors import CompileError
 from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine
+from handler.engine.factory import ArtifactRequest, build_engine, build_steps
 from handler.engine.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from handler.engine.compile import CompileError
+from handler.engine.compile_errors import CompileError
 from handler.engine.warm_start import BackgroundLoad
 
 EAGER = SimpleNamespace(prefill=lambda x: ("eager prefill", x), decode=lambda x: ("eager decode", x))

@@ -1,0 +1,18 @@
+"""How a failed compile or artifact load is raised and reported, wherever it happens.
+
+Its own module because both the assembly (handler.engine.factory, a blocking compile or load)
+and the background load (handler.engine.warm_start) raise and log these; neither imports the
+other for them.
+"""
+from __future__ import annotations
+
+
+class CompileError(RuntimeError):
+    """Compiling or loading the compiled model failed and the configuration does not allow
+    eager serving (on_compile_error: raise)."""
+
+
+def failure_reason(err: BaseException) -> str:
+    """`Type: first line of the message`: what a compile or load failure is logged and counted as."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"

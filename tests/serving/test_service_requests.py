@@ -1,0 +1,179 @@
+"""Request lifecycle of both batching modes on counting steps (tests/support/tiny_model.py).
+
+The counting steps continue a prompt through the alphabet ("a" -> "bcd..."), so every reply's
+text is known; the real-engine versions of the streaming tests are in test_service.py.
+"""
+from __future__ import annotations
+
+import json
+from itertools import count
+
+from handler.serving.metrics import RecordingSink
+from handler.serving.protocol import Limits
+from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
+from tests.support.tiny_model import counting_engine
+
+LIMITS = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=4, served_model_name="llm")
+
+
+def req(prompt: str = "a", n: int = 3, stream: bool = False, **extra) -> dict:
+    return {"prompt": prompt, "max_new_tokens": n, "stream": stream, **extra}
+
+
+def continuous(slots: int = 4, sink: RecordingSink | None = None, **kwargs) -> ContinuousService:
+    return ContinuousService(counting_engine(slots)[0], LIMITS, sink or RecordingSink(), **kwargs)
+
+
+def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50) -> dict[str, list[Reply]]:
+    """Call handle() as the frontend does until every request ended; returns replies per id."""
+    replies: dict[str, list[Reply]] = {}
+    live = list(first)
+    for _ in range(max_calls):
+        if not live:
+            return replies
+        out = service.handle(live)
+        for inc, reply in zip(live, out):
+            replies.setdefault(inc.request_id, []).append(reply)
+        live = [Incoming(i.request_id, None, i.http, i.url_path) for i, r in zip(live, out) if r.more is True]
+    raise AssertionError("requests did not finish")
+
+
+def ndjson(replies: list[Reply]) -> list[dict]:
+    return [json.loads(line) for r in replies for line in r.body.splitlines()]
+
+
+# ---- continuous batching ----------------------------------------------------------------------
+
+def test_a_whole_answer_comes_in_the_last_reply():
+    replies = drive(continuous(), [Incoming("a", req("a", n=3), True)])["a"]
+    body = json.loads(replies[-1].body)
+    assert (body["text"], body["finish_reason"], body["usage"]["completion_tokens"]) == ("bcd", "length", 3)
+
+
+def test_a_non_streaming_http_client_gets_empty_chunks_until_the_end():
+    replies = drive(continuous(), [Incoming("a", req(n=3), True)])["a"]
+    assert [(r.body, r.more) for r in replies[:-1]] == [("", True), ("", True)]
+    assert replies[-1].more is False
+
+
+def test_streamed_pieces_carry_each_new_piece_of_text():
+    replies = drive(continuous(), [Incoming("a", req("a", n=3, stream=True), True)])["a"]
+    assert [p["text"] for p in ndjson(replies)] == ["b", "c", "d"]
+    assert [r.more for r in replies] == [True, True, False]
+    assert replies[0].content_type == "application/x-ndjson"
+
+
+def test_a_request_finishing_in_its_first_call_is_a_whole_response():
+    [reply] = drive(continuous(), [Incoming("a", req(n=1, stream=True), True)])["a"]
+    assert reply.more is None and reply.status == 200
+
+
+def test_an_invalid_request_gets_a_400_and_the_others_are_served():
+    replies = drive(continuous(), [Incoming("bad", {"prompt": ""}, True), Incoming("good", req("h"), True)])
+    assert replies["bad"][0].status == 400 and replies["bad"][0].more is None
+    assert "empty" in json.loads(replies["bad"][0].body)["error"]["message"]
+    assert json.loads(replies["good"][-1].body)["text"] == "ijk"
+
+
+def test_a_request_beyond_the_free_slots_gets_a_retryable_503():
+    sink = RecordingSink()
+    service = continuous(slots=1, sink=sink)
+    out = service.handle([Incoming("a", req(n=5), True), Incoming("b", req(n=5), True)])
+    assert out[1].status == 503 and "retry" in json.loads(out[1].body)["error"]["message"]
+    assert ("ts_llm_request_failure_total", 1, "engine_full") in sink.values
+
+
+def test_a_grpc_request_is_answered_whole_in_the_call_that_admits_it():
+    [reply] = continuous().handle([Incoming("g", req("a", n=5), False)])
+    assert reply.more is False and json.loads(reply.body)["text"] == "bcdef"
+
+
+def test_a_grpc_request_does_not_cut_a_concurrent_http_stream():
+    service = continuous()
+    first = service.handle([Incoming("http", req("a", n=8, stream=True), True)])
+    second = service.handle([Incoming("http", None, True), Incoming("grpc", req("k", n=4), False)])
+    rest = drive(service, [Incoming("http", None, True)])["http"]
+    assert "".join(p["text"] for p in ndjson([*first, second[0], *rest])) == "bcdefghi"
+
+
+def test_a_request_the_frontend_stops_sending_is_cancelled():
+    sink = RecordingSink()
+    service = continuous(sink=sink)
+    service.handle([Incoming("gone", req(n=20, stream=True), True)])
+    service.handle([Incoming("new", req(n=2), True)])
+    assert "gone" not in service.live and service.engine.running == 1
+    assert ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
+
+
+def test_draining_refuses_a_new_request_with_a_503():
+    sink = RecordingSink()
+    [reply] = continuous(sink=sink, draining=lambda: True).handle([Incoming("new", req(), True)])
+    assert reply.status == 503 and "draining" in json.loads(reply.body)["error"]["message"]
+    assert ("ts_llm_request_failure_total", 1, "draining") in sink.values
+
+
+def test_draining_finishes_the_running_requests():
+    draining = False
+    service = continuous(draining=lambda: draining)
+    service.handle([Incoming("old", req(n=4, stream=True), True)])
+    draining = True
+    rest = drive(service, [Incoming("old", None, True)])["old"]
+    assert ndjson(rest)[-1]["finish_reason"] == "length"
+
+
+def test_metrics_count_the_tokens_of_a_request():
+    sink = RecordingSink()
+    drive(continuous(sink=sink), [Incoming("a", req("abc", n=4), True)])
+    assert sink.of("ts_llm_prompt_tokens_total") == [3]
+    assert sum(sink.of("ts_llm_generation_tokens_total")) == 4
+    assert ("ts_llm_request_success_total", 1, "length") in sink.values
+
+
+def test_latency_metrics_are_measured_on_the_injected_clock():
+    sink, ticks = RecordingSink(), count()
+    service = ContinuousService(counting_engine()[0], LIMITS, sink, clock=lambda: float(next(ticks)))
+    drive(service, [Incoming("a", req(n=3), True)])
+    # clock reads: arrival 0, then one per step: 1 (first token), 2, 3 (last token)
+    assert sink.of("ts_llm_time_to_first_token_seconds") == [1.0]
+    assert sink.of("ts_llm_e2e_request_latency_seconds") == [3.0]
+    assert sink.of("ts_llm_time_per_output_token_seconds") == [1.0]
+
+
+def test_an_openai_chat_request_is_answered_in_the_chat_format():
+    body = {"model": "llm", "messages": [{"role": "user", "content": "p"}], "max_tokens": 2, "temperature": 0}
+    replies = drive(continuous(), [Incoming("c", body, True, "v1/chat/completions")])["c"]
+    answer = json.loads(replies[-1].body)
+    assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"] == "qr"
+
+
+# ---- dynamic batching -------------------------------------------------------------------------
+
+def dynamic(slots: int = 4) -> DynamicService:
+    return DynamicService(counting_engine(slots)[0], LIMITS, RecordingSink())
+
+
+def test_dynamic_mode_streams_partial_replies_to_streaming_requests_only():
+    sent: list[dict[int, Reply]] = []
+    dynamic().handle([Incoming("s", req("a", n=3, stream=True), True), Incoming("w", req("h", n=3), True)], sent.append)
+    assert [set(p) for p in sent] == [{0}, {0}]
+    assert [p[0].body for p in sent] == [json.dumps({"text": t, "finish_reason": None}) + "\n" for t in "bc"]
+
+
+def test_dynamic_mode_returns_each_final_reply():
+    finals = dynamic().handle([Incoming("s", req("a", n=3, stream=True), True), Incoming("w", req("h", n=3), True)],
+                              lambda partial: None)
+    assert ndjson([finals[0]])[-1] == {"text": "d", "finish_reason": "length",
+                                       "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
+    assert finals[0].more is False, "a stream opened by partial replies is ended"
+    assert json.loads(finals[1].body)["text"] == "ijk" and finals[1].more is None
+
+
+def test_dynamic_mode_serves_a_batch_larger_than_the_slots():
+    batch = [Incoming(str(i), req(p, n=2), True) for i, p in enumerate("ahp")]
+    finals = dynamic(slots=2).handle(batch, lambda partial: None)
+    assert [json.loads(r.body)["text"] for r in finals] == ["bc", "ij", "qr"]
+
+
+def test_dynamic_mode_answers_an_invalid_request_with_its_400():
+    finals = dynamic().handle([Incoming("bad", {"x": 1}, True), Incoming("ok", req(), True)], lambda partial: None)
+    assert finals[0].status == 400 and finals[1].status == 200
