@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from handler.cache.errors import ArtifactVerificationError
+from handler.cache import key as cache_key
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
 from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_DIGEST_FILE = "weights-digest.json"  # beside the weights; written by archive.sh
 MAR_ARTIFACT_DIR = "aot"  # the artifact folder inside a .mar (archive.sh --aot)
-# Inside each artifact, listed in its manifest: the sidecar's default key file (its
-# KEY_FILE_NAME), so after a cold compile it finds the key of what it publishes.
-KEY_FILE_NAME = "cache-key.json"
+# Inside each artifact, listed in its manifest: the sidecar's default key file, so after a cold
+# compile it finds the key of what it publishes (named once, in handler.cache.key).
+KEY_FILE_NAME = cache_key.KEY_FILE_NAME
 
 
 # ---- the key ----------------------------------------------------------------------------------

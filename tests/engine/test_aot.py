@@ -315,9 +315,10 @@ def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tm
     assert key_for_mar(mar) == key
     model_dir = tmp_path / "model_dir"
     zipfile.ZipFile(mar).extractall(model_dir)
-    handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), environ={})
+    handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), model_dir,
+                                                environ={})
     places = ArtifactPlaces(bundled_dir=model_dir / artifacts.MAR_ARTIFACT_DIR)
-    loaded = build_engine(handler_cfg.engine_config(model_dir, None), places=places)
+    loaded = build_engine(handler_cfg.engine, places=places)
     assert loaded.steps.mode == "aot-background" and loaded.steps.artifact_dir == places.bundled_dir
     assert loaded.steps.background.done.wait(120) and loaded.steps.background.compiled
 
