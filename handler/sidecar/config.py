@@ -8,10 +8,7 @@ keys are rejected with the list of allowed ones, so a typo never silently keeps 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +16,10 @@ from typing import Any
 
 import yaml
 
+from handler import typed_config
+from handler.cache.key import KEY_FILE_NAME
 from handler.sidecar.drain.plan import DrainPolicy
 from handler.sidecar.errors import ConfigError
-
-# The compile cache's key file inside cache_dir: whoever compiles writes it next to the artifacts.
-KEY_FILE_NAME = "cache-key.json"
 
 
 class Cloud(enum.StrEnum):
@@ -144,19 +140,9 @@ class SidecarConfig:
                            quiet_polls=self.quiet_polls)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(SidecarConfig)}
-_TYPES = typing.get_type_hints(SidecarConfig)
-
-
 def config_from_mapping(values: Mapping[str, object], origin: str = "config") -> SidecarConfig:
-    unknown = sorted(set(values) - set(FIELDS))
-    if unknown:
-        raise ConfigError(f"{origin}: unknown key {unknown[0]!r}"
-                          f"{f' (and {unknown[1:]})' if unknown[1:] else ''}; "
-                          f"allowed keys: {', '.join(FIELDS)}")
-    parsed: dict[str, Any] = {name: _coerce(name, _TYPES[name], value)
-                              for name, value in values.items()}
-    return SidecarConfig(**parsed)
+    # strings=True: the YAML file may quote numbers and booleans as the flags spell them.
+    return typed_config.parse(SidecarConfig, values, origin, strings=True)
 
 
 def load_config(path: Path | None = None,
@@ -173,48 +159,8 @@ def load_config(path: Path | None = None,
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file with SidecarConfig keys")
-    for name, spec in FIELDS.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                            help=f"{spec.metadata['help']} (default: {_show(spec.default)})")
+    typed_config.add_arguments(parser, SidecarConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> SidecarConfig:
-    overrides = {name: getattr(args, name, None) for name in FIELDS}
-    return load_config(args.config, overrides)
-
-
-def _show(default: object) -> str:
-    if isinstance(default, tuple):
-        return ",".join(item.value for item in default)
-    return default.value if isinstance(default, enum.Enum) else str(default)
-
-
-def _coerce(name: str, kind: Any, value: object) -> object:
-    """YAML values and CLI strings -> the field's type, or a ConfigError naming the key."""
-    args = typing.get_args(kind)
-    if isinstance(kind, types.UnionType):  # X | None; an empty flag value unsets it
-        return None if value is None or value == "" else _coerce(name, args[0], value)
-    try:
-        if typing.get_origin(kind) is tuple:
-            items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore
-            return tuple(_coerce(name, args[0], item.strip() if isinstance(item, str) else item)
-                         for item in items if item != "")
-        if kind is bool:
-            return _as_bool(value)
-        # int(1.5) and float(True) would succeed silently; a typo'd YAML value should not.
-        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
-            raise TypeError(f"{value!r} is not of type {kind.__name__}")
-        return kind(value)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"config key {name!r}: {err}") from err
-
-
-def _as_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean")
+    return load_config(args.config, typed_config.flag_values(args, SidecarConfig))

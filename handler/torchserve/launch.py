@@ -19,7 +19,7 @@ from handler.engine import platform
 from handler.torchserve.client import KeyFile, TorchServeClient
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.stop import stop_with_cli, terminate_tree
-from handler.worker_log import first_cause
+from handler.worker_log import MODEL_LOG, first_cause
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +139,13 @@ class TorchServe:
             deaths, last_error = self.worker_deaths()
             if deaths >= CRASH_LOOP:  # TorchServe would restart it for ever, with backoff
                 raise TorchServeError(f"model {model!r}: its worker died {deaths} times while loading; first error: "
-                                      f"{last_error or 'none logged'}; see {self.workdir / 'logs' / 'model_log.log'}")
+                                      f"{last_error or 'none logged'}; see {self.workdir / MODEL_LOG}")
             time.sleep(0.2)
         raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
 
     def model_log(self) -> str:
         """What the workers logged since this TorchServe started (a restart appends to the file)."""
-        path = self.workdir / "logs" / "model_log.log"
+        path = self.workdir / MODEL_LOG
         if not path.exists():
             return ""
         with open(path, "rb") as f:
@@ -205,7 +205,7 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     write_properties(props, config)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
            "--models", *(f"{name}={mar}" for name, mar in models.items())]
-    model_log = workdir / "logs" / "model_log.log"
+    model_log = workdir / MODEL_LOG
     log_offset = model_log.stat().st_size if model_log.exists() else 0
     # The JVM writes key_file.json and ts.pid into its working directory.
     log = open(workdir / "torchserve.out", "ab")

@@ -174,7 +174,7 @@ def test_key_path_agrees_between_key_step_restore_publish_and_worker(
             with_env_placeholders(helpers.container(pod, name)["args"]))
         paths[name] = config.config_from_args(args).cache_key_path.as_posix()
     env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
-    worker = source_constant("handler.engine.artifacts", "KEY_FILE_NAME")
+    worker = source_constant("handler.cache.key", "KEY_FILE_NAME")
     paths["worker"] = f"{env[contract.cache_dir_env]}/{worker}"
     assert set(paths.values()) == {contract.cache_key_file}, paths
     assert config.KEY_FILE_NAME == worker

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
+from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import aot, artifacts, cpp_cache, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
@@ -117,7 +118,7 @@ def _greedy_tokens(engine, n: int = 12) -> list[list[int]]:  # as WORKER_SCRIPT 
 def test_cold_compile_installs_a_verified_artifact_with_its_key(cold, key):
     _, cache_dir = cold
     assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
-    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text()) == key.describe()
+    assert json.loads((cache_dir / KEY_FILE_NAME).read_text()) == key.describe()
     assert list((cache_dir / cpp_cache.KERNEL_DIR).rglob("*.so")), "the built C++ kernels travel with the graphs"
     assert list((cache_dir / cpp_cache.HEADER_DIR).glob("*.gch.gz")), "and so does the precompiled header"
 
@@ -242,7 +243,7 @@ def test_an_artifact_never_crosses_cpu_profiles(cold, cfg, key, tmp_path):
     assert report["mode"] == "aot-compiled" and report["rejected"] == 1
     assert "REFUSED: built for another key (device_capability: 'x86_64 " in stderr  # ATen's ISA differs, and
     assert "config_digest" in stderr  # the CPU code target in the config
-    assert json.loads((cache_dir / artifacts.KEY_FILE_NAME).read_text())["digest"] != key.digest()
+    assert json.loads((cache_dir / KEY_FILE_NAME).read_text())["digest"] != key.digest()
     again, _ = run_worker(cfg, cache_dir, tmp_path / "inductor-2", cpu_profile=lower)
     assert again["mode"] == "aot-loaded" and again["rejected"] == 0
     assert again["tokens"] == report["tokens"]
@@ -315,9 +316,10 @@ def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tm
     assert key_for_mar(mar) == key
     model_dir = tmp_path / "model_dir"
     zipfile.ZipFile(mar).extractall(model_dir)
-    handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), environ={})
+    handler_cfg = HandlerConfig.from_model_yaml(yaml.safe_load((model_dir / "model-config.yaml").read_text()), model_dir,
+                                                environ={})
     places = ArtifactPlaces(bundled_dir=model_dir / artifacts.MAR_ARTIFACT_DIR)
-    loaded = build_engine(handler_cfg.engine_config(model_dir, None), places=places)
+    loaded = build_engine(handler_cfg.engine, places=places)
     assert loaded.steps.mode == "aot-background" and loaded.steps.artifact_dir == places.bundled_dir
     assert loaded.steps.background.done.wait(120) and loaded.steps.background.compiled
 

@@ -1,38 +1,87 @@
-"""The handler: section is parsed once, strictly."""
+"""The handler: section is parsed once, strictly, into a final tree."""
+from pathlib import Path
+
 import pytest
 
-from handler.serving.config import ConfigError, HandlerConfig
+from handler.serving.config import SECTION_KEYS, ConfigError, HandlerConfig
+
+MODEL_DIR = Path("/models/llm")
+
+
+def parse(model_yaml, gpu_id=None, environ=None):
+    return HandlerConfig.from_model_yaml(model_yaml, MODEL_DIR, gpu_id, environ={} if environ is None else environ)
 
 
 def test_defaults_and_batching_mode_from_the_frontend_key():
-    cfg = HandlerConfig.from_model_yaml({"continuousBatching": True, "batchSize": 8, "handler": {"dtype": "float32"}})
-    assert cfg.continuous_batching and cfg.dtype == "float32" and cfg.max_batch_size == 32
+    cfg = parse({"continuousBatching": True, "batchSize": 8, "handler": {"dtype": "float32"}})
+    assert cfg.continuous_batching and cfg.engine.dtype == "float32" and cfg.engine.max_batch_size == 32
+
+
+def test_engine_keys_go_to_the_engine_and_the_rest_stay():
+    cfg = parse({"handler": {"max_seq_len": 512, "threads": 4, "max_new_tokens_cap": 256}})
+    assert (cfg.engine.max_seq_len, cfg.engine.threads, cfg.max_new_tokens_cap) == (512, 4, 256)
 
 
 def test_unknown_key_is_rejected_with_the_allowed_list():
-    with pytest.raises(ConfigError, match="unknown key\\(s\\) max_tokens .* allowed: .*max_new_tokens_cap"):
-        HandlerConfig.from_model_yaml({"handler": {"max_tokens": 5}})
+    with pytest.raises(ConfigError, match="unknown key 'max_tokens' in handler; allowed keys: .*max_new_tokens_cap"):
+        parse({"handler": {"max_tokens": 5}})
+
+
+def test_the_allowed_keys_are_the_flat_section():
+    assert "checkpoint" in SECTION_KEYS and "dtype" in SECTION_KEYS and "served_model_name" in SECTION_KEYS
+    assert not {"engine", "checkpoint_dir", "continuous_batching"} & set(SECTION_KEYS)
 
 
 def test_wrong_type_is_rejected():
     with pytest.raises(ConfigError, match="handler.max_seq_len must be an integer"):
-        HandlerConfig.from_model_yaml({"handler": {"max_seq_len": True}})
-    with pytest.raises(ConfigError, match="handler.dtype must be str"):
-        HandlerConfig.from_model_yaml({"handler": {"dtype": 16}})
+        parse({"handler": {"max_seq_len": True}})
+    with pytest.raises(ConfigError, match="handler.dtype must be one of 'auto', 'bfloat16', 'float32', got 16"):
+        parse({"handler": {"dtype": 16}})
+    with pytest.raises(ConfigError, match="handler.served_model_name must be a string"):
+        parse({"handler": {"served_model_name": 16}})
 
 
 def test_batch_size_larger_than_the_engine_is_rejected():
     with pytest.raises(ConfigError, match="batchSize 64 exceeds handler.max_batch_size 32"):
-        HandlerConfig.from_model_yaml({"batchSize": 64, "handler": {}})
+        parse({"batchSize": 64, "handler": {}})
 
 
-def test_invalid_engine_value_names_the_section(tmp_path):
-    cfg = HandlerConfig.from_model_yaml({"handler": {"dtype": "float16"}})
-    with pytest.raises(ConfigError, match="dtype must be auto or one of"):
-        cfg.engine_config(tmp_path, None)
+def test_invalid_engine_value_names_the_section():
+    with pytest.raises(ConfigError, match="handler.dtype must be one of 'auto', 'bfloat16', 'float32', got 'float16'"):
+        parse({"handler": {"dtype": "float16"}})
 
 
-def test_cuda_device_uses_the_workers_gpu(tmp_path):
-    cfg = HandlerConfig.from_model_yaml({"handler": {"device": "cuda", "checkpoint": "ckpt"}})
-    engine = cfg.engine_config(tmp_path, 3)
-    assert engine.device == "cuda:3" and engine.checkpoint_dir == tmp_path / "ckpt"
+def test_engine_range_check_is_reported_as_a_config_error():
+    message = "model-config.yaml `handler:`: need max_batch_size >= 1 and max_seq_len >= 32"
+    with pytest.raises(ConfigError, match=message):
+        parse({"handler": {"max_seq_len": 8}})
+
+
+def test_cuda_device_uses_the_workers_gpu():
+    cfg = parse({"handler": {"device": "cuda", "checkpoint": "ckpt"}}, gpu_id=3)
+    assert cfg.engine.device == "cuda:3" and cfg.engine.checkpoint_dir == MODEL_DIR / "ckpt"
+
+
+def test_absolute_checkpoint_is_used_as_is():
+    assert parse({"handler": {"checkpoint": "/weights/llm"}}).engine.checkpoint_dir == Path("/weights/llm")
+
+
+def test_legacy_boolean_packed_weights_reads_as_auto_or_off():
+    assert parse({"handler": {"packed_weights": True}}).engine.packed_weights == "auto"
+    assert parse({"handler": {"packed_weights": False}}).engine.packed_weights == "off"
+
+
+def test_cache_dir_falls_back_to_the_environment():
+    assert parse({"handler": {}}, environ={"TS_LLM_CACHE_DIR": "/cache/aot"}).compile_cache_dir == "/cache/aot"
+    named = parse({"handler": {"compile_cache_dir": "/mine"}}, environ={"TS_LLM_CACHE_DIR": "/cache/aot"})
+    assert named.compile_cache_dir == "/mine"
+
+
+def test_default_max_new_tokens_must_fit_the_cap():
+    with pytest.raises(ConfigError, match="default_max_new_tokens must be between 1 and max_new_tokens_cap"):
+        parse({"handler": {"default_max_new_tokens": 2048}})
+
+
+def test_section_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="model-config.yaml `handler:` must be a mapping, got list"):
+        parse({"handler": ["dtype"]})

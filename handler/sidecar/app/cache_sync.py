@@ -6,7 +6,7 @@ as text: the store as a URI (`s3://bucket/prefix`, or a local directory; handler
 of a JSON file holding `CacheKey.describe()`.
 
 The key-file contract: whoever compiles writes `cache-key.json` into the cache directory next
-to the artifacts (config.KEY_FILE_NAME); in a pod, an init step writes the same file from the
+to the artifacts (handler.cache.key.KEY_FILE_NAME); in a pod, an init step writes the same file from the
 .mar before the restore (`python -m handler.build.precompile key MAR --out FILE`). No key file
 means nothing to look up (restore: a cold start) and nothing to publish.
 
@@ -38,10 +38,10 @@ from prometheus_client import CollectorRegistry
 from handler.cache import (ArtifactStore, ArtifactVerificationError, CacheKey, CacheMetrics,
                            StoreUriError)
 from handler.cache import open_store as open_uri
+from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME, Manifest, artifact_files, size_mismatch
 from handler.cache.sync import publish_if_new, restore_in_background
 from handler.files import write_atomic
-from handler.sidecar.config import KEY_FILE_NAME
 from handler.sidecar.errors import ConfigError, SidecarError
 
 log = logging.getLogger(__name__)

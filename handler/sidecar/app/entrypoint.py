@@ -35,6 +35,7 @@ from handler.sidecar.app.sidecar import Hooks, Sidecar
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
 from handler.sidecar.errors import ConfigError
 from handler.torchserve.stop import terminate_tree
+from handler.worker_log import MODEL_LOG
 
 log = logging.getLogger("handler.sidecar.app.entrypoint")
 
@@ -137,7 +138,7 @@ def parse(argv: list[str]) -> tuple[SidecarConfig, list[str]]:
         config = dataclasses.replace(config, key_file="key_file.json")
     if config.model_log is None:
         # TorchServe logs under LOG_LOCATION, else logs/ in its working directory (ours).
-        config = dataclasses.replace(config, model_log=str(Path(os.environ.get("LOG_LOCATION", "logs")) / "model_log.log"))
+        config = dataclasses.replace(config, model_log=str(Path(os.environ.get("LOG_LOCATION", "logs")) / MODEL_LOG.name))
     if "--foreground" not in command:
         # Without it `torchserve --start` returns at once and leaves the JVM orphaned,
         # which would look like TorchServe exiting.
