@@ -4,11 +4,13 @@ seams, a sidecar with a few rooms at the top, and TorchServe kept at the edge.""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HANDLER = REPO / "handler"
 SIDECAR = HANDLER / "sidecar"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 MAX_LINES = 350
 # Where TorchServe may be imported: the handler (its adapter) and the build step that calls
 # torch-model-archiver. The engine and the service core stay free of it.
@@ -89,3 +91,36 @@ def test_module_imports_have_no_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def room(module: str) -> str:
+    """The folder (or top-level file) of handler a module lives in: handler.engine.aot -> engine."""
+    return module.split(".")[1]
+
+
+def documented_rooms() -> dict[str, set[str]]:
+    """docs/architecture.md's module map: each room and the rooms it may import."""
+    table = {}
+    for row in ARCHITECTURE.read_text().splitlines():
+        if not row.startswith("| `handler/"):
+            continue
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        rooms = [Path(name).stem for name in re.findall(r"`(?:handler/)?([\w.]+)/?`", cells[0])]
+        may = {name.strip() for name in re.sub(r"\(.*?\)", "", cells[-1]).split(",")} - {"-", ""}
+        table.update({name: may for name in rooms})
+    return table
+
+
+def test_every_room_is_in_the_module_map() -> None:
+    rooms = {room(name) for name in modules() if name != "handler"}
+    assert rooms - documented_rooms().keys() == set()
+
+
+def test_rooms_import_only_what_the_module_map_allows() -> None:
+    allowed = documented_rooms()
+    known = modules()
+    wrong = sorted(f"{name} imports {imported}" for name, path in known.items() if name != "handler"
+                   for imported in package_imports(path, known)
+                   if imported != "handler" and room(imported) != room(name)
+                   and room(imported) not in allowed.get(room(name), set()))
+    assert wrong == []
