@@ -9,6 +9,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_user_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The handler's default compile cache is the user's cache directory: tests (and the
+    TorchServe workers they start, which inherit this environment) get a private one."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 def artifacts_dir() -> Path:
     return Path(os.environ.get("TS_LLM_ARTIFACTS", REPO / "artifacts"))
 

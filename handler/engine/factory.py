@@ -12,7 +12,8 @@ How the steps are got (build_steps). With artifacts wanted (the serving path), a
 artifact for this worker's key is loaded (seconds, no tracing; by default in the background
 while eager steps serve, see handler.engine.warm_start); otherwise both steps are AOT-compiled
 over every serving shape (minutes) and, given a cache dir, installed there for the sidecar to
-publish. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
+publish: by default (warm_start: background) in a process of its own while eager steps serve
+(handler.engine.compile_process), with warm_start: blocking here, before the engine is returned. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
 instead.
 
 Either way no shape seen while serving compiles anything: AOT steps have a graph for every
@@ -21,7 +22,11 @@ so a recompile is an error, not a silent minute-long stall.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,8 +57,10 @@ OnRejected = Callable[[], None]  # counts an artifact not loaded: it failed veri
 class Steps:
     prefill: Callable
     decode: Callable
-    # "eager", "inductor" (torch.compile), "aot-compiled" (cold), "aot-loaded" or "aot-background"
-    # (eager steps until the verified artifact, loading in a thread, is in: see warm_start)
+    # "eager", "inductor" (torch.compile), "aot-compiled" (cold, here), "aot-loaded", "aot-background"
+    # (eager steps until the verified artifact, loading in a thread, is in: see warm_start) or
+    # "aot-compiling" (eager steps until handler.engine.compile_process has compiled and installed
+    # the artifact and a background load has loaded it)
     mode: str
     compile_seconds: float  # compiling, or loading artifacts
     eager_fallback: bool = False  # True when compile failed and on_compile_error=eager
@@ -160,13 +167,16 @@ def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactReque
         return _aot_cold(model, cfg, None)
     with artifacts.holding(wanted.places):
         path = _find_verified(wanted)
-        if path is None:
+        if path is None and not _compiles_aside(cfg, wanted):
             return _aot_cold(model, cfg, wanted)
-        if cfg.warm_start == "background":
-            return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
-        start = time.perf_counter()
-        loaded = aot.load_artifacts(model, path)
-        return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
+        if path is not None and cfg.warm_start == "blocking":
+            start = time.perf_counter()
+            loaded = aot.load_artifacts(model, path)
+            return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
+    # The install lock is let go: the compile process takes it, a background load takes it again.
+    if path is None:
+        return _compile_aside(model, cfg, wanted, on_fallback, on_compiled)
+    return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
 
 
 def _find_verified(wanted: ArtifactRequest) -> Path | None:
@@ -181,6 +191,12 @@ def _find_verified(wanted: ArtifactRequest) -> Path | None:
     log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",
                 wanted.key.digest(), "; ".join(checked) or "no place to look")
     return None
+
+
+def _compiles_aside(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
+    """A cold compile runs in a process of its own while eager steps serve when it has a cache
+    dir to install into and the configuration serves before compiled steps are in."""
+    return cfg.warm_start == "background" and wanted.places.cache_dir is not None
 
 
 def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, path: Path,
@@ -201,6 +217,51 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
              wanted.key.digest(), path)
     return Steps(background.step("prefill"), background.step("decode"), "aot-background", 0.0,
                  artifact_dir=path, background=background)
+
+
+def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest,
+                   on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
+    """Eager steps now; the compiled ones once handler.engine.compile_process has installed the
+    artifact and a background load has loaded it (on_compiled gets the seconds from now)."""
+    process = start_compile_process(cfg, wanted.key, wanted.places.cache_dir)
+
+    def load() -> aot.AotSteps:
+        wait_for_compile(process)
+        with artifacts.holding(wanted.places):
+            path = _find_verified(wanted)
+            if path is None:
+                raise aot.AotError(f"the compile process exited 0 but {wanted.places.cache_dir} holds no verified artifact")
+            return aot.load_artifacts(model, path)
+
+    background = BackgroundLoad(model, load, cfg.on_compile_error == "eager", on_compiled, on_fallback).start()
+    log.warning("compile cache: compiling artifact %s in a separate process (pid %d, at a lower priority; its "
+                "progress below as 'compile process:'); serving EAGER steps until it is installed and loaded",
+                wanted.key.digest(), process.pid)
+    return Steps(background.step("prefill"), background.step("decode"), "aot-compiling", 0.0,
+                 artifact_dir=wanted.places.cache_dir, background=background)
+
+
+def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subprocess.Popen:
+    """handler.engine.compile_process for `cfg`; its output goes where this process's goes
+    (TorchServe's worker log). Named by module: importing it here would make a cycle."""
+    # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
+    # needs is kept by the process's lower priority (compiling is mostly one thread anyway).
+    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config_json(cfg), "--key", key.digest(),
+           "--dest", str(dest), "--threads", str(torch.get_num_threads())]
+    return subprocess.Popen(cmd)
+
+
+def wait_for_compile(process: subprocess.Popen) -> None:
+    """Until the compile process exits; a CompileError unless it succeeded."""
+    code = process.wait()
+    if code != 0:
+        raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
+                           "the worker log above, as 'compile process:'")
+
+
+def config_json(cfg: EngineConfig) -> str:
+    """The resolved config the compile process builds the same model from."""
+    return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()})
 
 
 def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:

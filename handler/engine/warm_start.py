@@ -7,7 +7,8 @@ steps meanwhile, and switches to the compiled steps between two engine steps onc
 loaded. The switch is safe at any step: compiled graphs take the weights and the KV cache from
 the live model as inputs, so both kinds of step read and write the same cache.
 
-Only a verified artifact loads in the background (a cold compile takes minutes and blocks). A
+What loads in the background is a verified artifact: one found at start, or one that
+handler.engine.compile_process compiled and installed while eager steps served. A
 failed background load is not silent: with on_compile_error=raise every later step raises
 CompileError (the worker answers 500 and its logs say why); with on_compile_error=eager it is
 logged at ERROR once and counted, as a failed blocking load would be.

@@ -17,6 +17,9 @@ from handler.typed_config import ConfigError
 
 # The compile artifact directory when model-config.yaml names none (the deploy's volume).
 CACHE_DIR_ENV = "TS_LLM_CACHE_DIR"
+# ... and when the environment names none either: the user's cache (XDG), so a restart on the
+# same machine loads what the last start compiled instead of compiling again.
+USER_CACHE_SUBDIR = Path("ts-llm") / "aot"
 # The file TorchServe hands the handler as model_yaml_config: archive.sh writes it and
 # torch-model-archiver puts it at the root of the .mar under this name.
 MODEL_CONFIG_FILE = "model-config.yaml"
@@ -33,7 +36,8 @@ class HandlerConfig:
     default_max_new_tokens: int = 128
     served_model_name: str = "llm"  # the "model" OpenAI-style clients name
     # The compile artifact directory: the sidecar restores into it, a cold compile installs into
-    # it. Unset here: the environment's TS_LLM_CACHE_DIR (the pod's volume), if any.
+    # it. Unset here: the environment's TS_LLM_CACHE_DIR (the pod's volume), else the user's
+    # cache directory (default_cache_dir).
     compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
     continuous_batching: bool = True  # mirrors TorchServe's top-level continuousBatching key
@@ -52,12 +56,20 @@ class HandlerConfig:
         values = {k: v for k, v in section.items() if k in _OWN_KEYS}
         values["engine"] = _engine(section, Path(model_dir), gpu_id)
         values["continuous_batching"] = bool(model_yaml.get("continuousBatching", False))
-        env_cache_dir = (os.environ if environ is None else environ).get(CACHE_DIR_ENV)
-        if values.get("compile_cache_dir") is None and env_cache_dir:
-            values["compile_cache_dir"] = env_cache_dir
+        if values.get("compile_cache_dir") is None:
+            values["compile_cache_dir"] = default_cache_dir(os.environ if environ is None else environ)
         cfg = typed_config.parse(cls, values, MODEL_CONFIG_FILE, SECTION)
         _check_limits(cfg, int(model_yaml.get("batchSize", 1)))
         return cfg
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> str | None:
+    """$TS_LLM_CACHE_DIR, else $XDG_CACHE_HOME/ts-llm/aot, else ~/.cache/ts-llm/aot; None
+    when the environment names no home at all."""
+    if environ.get(CACHE_DIR_ENV):
+        return environ[CACHE_DIR_ENV]
+    base = environ.get("XDG_CACHE_HOME") or (str(Path(environ["HOME"]) / ".cache") if environ.get("HOME") else None)
+    return str(Path(base) / USER_CACHE_SUBDIR) if base else None
 
 
 def _engine(section: dict, model_dir: Path, gpu_id: int | None) -> EngineConfig:

@@ -38,6 +38,8 @@ class LLMHandler(BaseHandler):
         # Compiled artifacts: the sidecar's restore (or a cold compile's install), then the .mar's.
         places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
                                 Path(props["model_dir"]) / MAR_ARTIFACT_DIR)
+        log.info("compile cache: %s (set handler.compile_cache_dir or TS_LLM_CACHE_DIR to move it)",
+                 places.cache_dir or "none: nothing compiled here is kept")
         engine_cfg = cfg.engine
         loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1),
                               places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),

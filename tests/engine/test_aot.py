@@ -33,21 +33,6 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, default_checkpoint) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         max_position_embeddings=256)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_checkpoint / name, path / name)
-    return path
-
-
-@pytest.fixture(scope="module")
 def cfg(tiny_checkpoint) -> EngineConfig:
     # blocking: the artifact is loaded when build_engine returns (background loads: see below)
     return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False,

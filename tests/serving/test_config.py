@@ -77,6 +77,16 @@ def test_cache_dir_falls_back_to_the_environment():
     assert named.compile_cache_dir == "/mine"
 
 
+def test_without_either_the_cache_dir_is_the_users_cache():
+    assert parse({"handler": {}}, environ={"HOME": "/home/ann"}).compile_cache_dir == "/home/ann/.cache/ts-llm/aot"
+    xdg = parse({"handler": {}}, environ={"HOME": "/home/ann", "XDG_CACHE_HOME": "/var/cache/ann"})
+    assert xdg.compile_cache_dir == "/var/cache/ann/ts-llm/aot"
+
+
+def test_an_environment_without_a_home_has_no_cache_dir():
+    assert parse({"handler": {}}, environ={}).compile_cache_dir is None
+
+
 def test_default_max_new_tokens_must_fit_the_cap():
     with pytest.raises(ConfigError, match="default_max_new_tokens must be between 1 and max_new_tokens_cap"):
         parse({"handler": {"default_max_new_tokens": 2048}})

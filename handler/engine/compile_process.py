@@ -1,0 +1,71 @@
+"""The cold compile in a process of its own, so the worker serves eagerly meanwhile.
+
+A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
+the model's eager steps; this process builds the same model, AOT-compiles every serving shape
+and installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
+then loads it in the background and switches between two steps (handler.engine.warm_start).
+A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
+steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
+serving worker keeps the CPU it needs, with the worker's torch thread count (the compiled
+graphs guard on it).
+
+    python -m handler.engine.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from handler.engine import artifacts
+from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.config import EngineConfig
+from handler.engine.factory import compile_and_install, prepare_model
+
+log = logging.getLogger("handler.engine.compile_process")
+
+NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
+
+
+def config_from_json(text: str) -> EngineConfig:
+    values = json.loads(text)
+    return EngineConfig(**{**values, "checkpoint_dir": Path(values["checkpoint_dir"])})
+
+
+def compile_into(cfg: EngineConfig, digest: str, dest: Path) -> str:
+    """Compile and install the artifact for `cfg` in dest unless a verified one is there; says
+    what it did. The key is computed here as the worker computes it and must be the one asked."""
+    ckpt = open_checkpoint(cfg.checkpoint_dir)
+    key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
+    if key.digest() != digest:
+        raise ValueError(f"this process computes cache key {key.digest()}, the worker asked for {digest}")
+    with artifacts.holding(ArtifactPlaces(dest)):
+        if artifacts.check_dir(dest, key).verdict == Verdict.VERIFIED:
+            return f"artifact {digest} already installed in {dest} (another worker compiled it)"
+        compile_and_install(prepare_model(ckpt, cfg), cfg, key, dest)
+    return f"artifact {digest} installed in {dest}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m handler.engine.compile_process", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the worker's resolved EngineConfig, as JSON")
+    p.add_argument("--key", required=True, help="the cache key digest the worker looks for")
+    p.add_argument("--dest", required=True, type=Path, help="the compile cache dir to install into")
+    p.add_argument("--threads", type=int, required=True, help="the worker's torch threads (the graphs guard on them)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="compile process: %(levelname)s %(name)s: %(message)s")
+    os.nice(NICENESS)
+    torch.set_num_threads(args.threads)
+    log.info(compile_into(config_from_json(args.config), args.key, args.dest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

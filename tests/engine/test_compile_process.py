@@ -1,0 +1,62 @@
+"""The cold compile in a process of its own: the worker serves eager steps at once and switches
+to the compiled ones once the process has installed a verified artifact."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from handler.cache.key import KEY_FILE_NAME
+from handler.engine import artifacts, platform
+from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compile_errors import CompileError
+from handler.engine.compile_process import compile_into, config_from_json
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine, config_json, wait_for_compile
+from handler.engine.sampling import SamplingParams
+
+PROMPTS = ["The capital of France is", "Hi"]
+
+
+@pytest.fixture
+def cfg(tiny_checkpoint) -> EngineConfig:
+    return EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=2, max_seq_len=64, warm_start="background")
+
+
+def test_the_config_reaches_the_process_unchanged(cfg):
+    assert config_from_json(config_json(cfg)) == cfg
+
+
+def test_a_failed_compile_process_is_a_compile_error():
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(CompileError, match=r"exited with code 3"):
+        wait_for_compile(process)
+
+
+def test_the_process_refuses_a_key_it_does_not_compute(cfg, tmp_path):
+    with pytest.raises(ValueError, match="the worker asked for not-this-key"):
+        compile_into(cfg, "not-this-key", tmp_path / "aot")
+    assert not (tmp_path / "aot").exists()
+
+
+def generate(engine) -> list[list[int]]:
+    ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+    return engine.generate(ids, [SamplingParams(max_new_tokens=8, ignore_eos=True)] * len(ids))
+
+
+@pytest.mark.timeout(600)
+def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(cfg, tmp_path):
+    cache_dir = tmp_path / "aot"
+    compiled = []
+    loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=cache_dir), on_compiled=compiled.append)
+    assert loaded.steps.mode == "aot-compiling"
+    eager_tokens = generate(loaded.engine)  # answered now, while the process compiles
+    assert not loaded.steps.background.compiled, "the tiny model answers before its compile ends"
+    assert loaded.steps.background.done.wait(540), "the compile process did not finish"
+    assert generate(loaded.engine) == eager_tokens
+    assert loaded.steps.background.compiled and len(compiled) == 1
+    key = artifacts.artifact_key(platform.resolve(cfg)[0], artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
+    assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
+    assert (cache_dir / KEY_FILE_NAME).exists()
