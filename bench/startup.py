@@ -94,21 +94,6 @@ def batched_tokens_per_s(ts: TorchServe, n: int, concurrency: int) -> float:
     return summarize(run_load(f"{ts.inference_url}/predictions/llm", ts.headers(), bodies, concurrency, False))["output_tokens_per_s"]
 
 
-SWITCHED = "serving compiled from this step"  # handler.engine.warm_start's log line at the switch
-
-
-def wait_compiled(ts: TorchServe, timeout: float = 120) -> None:
-    """Block until a background-loading worker serves compiled steps. The switch happens at an
-    engine step, so steps are driven with 1-token requests meanwhile (as traffic would)."""
-    deadline = time.monotonic() + timeout
-    while SWITCHED not in ts.model_log():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the worker never switched to compiled steps")
-        requests.post(f"{ts.inference_url}/predictions/llm", headers=ts.headers(),
-                      json={"prompt": PROMPT, "max_new_tokens": 1}, timeout=600).raise_for_status()
-        time.sleep(0.1)
-
-
 def engine_line(ts: TorchServe) -> str:
     """The worker's own account of its load ("engine ready: ... compile X s (mode)")."""
     lines = [ln for ln in ts.model_log().splitlines() if "engine ready:" in ln]
@@ -120,7 +105,7 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
     start to its first prediction; then, if `measure`, its decode speed; then stop it. `home`
     holds its Inductor cache and TorchServe's work dir (and temp dir): new ones are empty, as on
     a new instance."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(home / "inductor")}
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"), "XDG_CACHE_HOME": str(home / "cache")}
     if cache_dir is not None:
         env["TS_LLM_CACHE_DIR"] = str(cache_dir)
     (home / "work" / "key_file.json").unlink(missing_ok=True)  # a restart must not read the last run's keys
@@ -135,8 +120,8 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
         run = {"ready_s": ready - start, "torchserve_to_first_prediction_s": ready - started, **pre}
         print(f"{name}: ready in {run['ready_s']:.1f} s", flush=True)
         run["engine"] = engine_line(ts)
-        if "(aot-background)" in run["engine"]:
-            wait_compiled(ts)
+        if "(aot-background)" in run["engine"] or "(aot-compiling)" in run["engine"]:
+            ts.wait_compiled("llm", time.monotonic() + 1800, PROMPT)
             run["compiled_s"] = time.monotonic() - start
             print(f"{name}: serving compiled after {run['compiled_s']:.1f} s", flush=True)
         elif "(eager)" not in run["engine"]:

@@ -12,6 +12,7 @@ import requests
 from handler.engine import platform
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import TorchServe, ports_from, read_properties, start_torchserve
+from handler.worker_log import MODEL_LOG
 
 WORKDIR = Path("run")  # key_file.json, logs and TorchServe's pid file live here
 
@@ -36,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         ts = start_torchserve(args.model_store, {args.model_name: f"{args.model_name}.mar"}, args.ts_config, WORKDIR.resolve())
-        print(f"TorchServe starting; worker log: {WORKDIR}/logs/model_log.log (a cold start compiles the model)", flush=True)
+        print(f"TorchServe starting; worker log: {WORKDIR}/{MODEL_LOG} (with no compiled artifact in the cache the model "
+              "answers at eager speed at once while a process of its own compiles it; the log says when compiled "
+              "steps take over)", flush=True)
         waited = ts.wait_ready(args.model_name, args.ready_timeout)
     except TorchServeError as err:
         print(f"serve.sh: error: {err}", file=sys.stderr)

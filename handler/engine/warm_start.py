@@ -15,6 +15,7 @@ logged at ERROR once and counted, as a failed blocking load would be.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import threading
@@ -27,6 +28,7 @@ from handler.engine.compile_errors import CompileError, failure_reason
 log = logging.getLogger(__name__)
 
 LOADING_SWITCH_INTERVAL = 0.0005  # seconds, while a background load runs
+SWITCHED = "serving compiled from this step"  # logged once, at the switch: launchers and benchmarks wait for it
 
 
 class BackgroundLoad:
@@ -42,7 +44,12 @@ class BackgroundLoad:
         self._seconds = 0.0
         self._switched = False
         self.done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ts-llm-aot-load", daemon=True)
+        # The load runs in this thread's context: torch keeps config overrides in context
+        # variables, which a new thread would not see. Without them the load ran with Inductor's
+        # defaults (-march=native instead of the CPU profile's), so every kernel the artifact
+        # carries missed its key and was compiled again at load (minutes for the default model).
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), name="ts-llm-aot-load", daemon=True)
 
     def start(self) -> "BackgroundLoad":
         self._thread.start()
@@ -79,7 +86,7 @@ class BackgroundLoad:
         if self._error is None:
             if not self._switched:
                 self._switched = True
-                log.info("compiled steps loaded in the background in %.1f s; serving compiled from this step", self._seconds)
+                log.info("compiled steps loaded in the background in %.1f s; %s", self._seconds, SWITCHED)
                 if self._on_compiled is not None:
                     self._on_compiled(self._seconds)
             return self._loaded
