@@ -13,7 +13,8 @@ artifact for this worker's key is loaded (seconds, no tracing; by default in the
 while eager steps serve, see handler.engine.warm_start); otherwise both steps are AOT-compiled
 over every serving shape (minutes) and, given a cache dir, installed there for the sidecar to
 publish: by default (warm_start: background) in a process of its own while eager steps serve
-(handler.engine.compile_process), with warm_start: blocking here, before the engine is returned. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
+(handler.engine.compile_process), with warm_start: blocking here, before the engine is
+returned. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
 instead.
 
 Either way no shape seen while serving compiles anything: AOT steps have a graph for every
@@ -65,7 +66,7 @@ class Steps:
     compile_seconds: float  # compiling, or loading artifacts
     eager_fallback: bool = False  # True when compile failed and on_compile_error=eager
     artifact_dir: Path | None = None  # the artifact loaded, or installed after a cold compile
-    background: BackgroundLoad | None = None  # set while mode is "aot-background"
+    background: BackgroundLoad | None = None  # set while mode is "aot-background" or "aot-compiling"
 
 
 @dataclass(frozen=True)
