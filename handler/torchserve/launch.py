@@ -146,17 +146,18 @@ class TorchServe:
             time.sleep(0.2)
         raise TorchServeError(f"model {model!r} not READY after {timeout:.0f} s; see {self.workdir / 'logs'}")
 
-    def wait_compiled(self, model: str, deadline: float, prompt: str = "Hi") -> None:
+    def wait_compiled(self, model: str, deadline: float, prompt: str = "Hi", interval: float = 5.0) -> None:
         """Block until `model`'s worker serves compiled steps (time.monotonic() `deadline`). A
         worker that loads or compiles them aside serves eager steps and switches at a step, so
-        steps are driven with 1-token requests meanwhile, as traffic would."""
+        steps are driven with a 1-token request every `interval` seconds meanwhile, as traffic
+        would (more often would take the CPU a compile aside needs)."""
         while SWITCHED not in self.model_log():
             if time.monotonic() > deadline:
                 raise TorchServeError(f"model {model!r}: the worker never switched to compiled steps; see {self.workdir / MODEL_LOG}")
             self.wait_ready(model, timeout=60)  # it must stay up meanwhile
             requests.post(f"{self.inference_url}/predictions/{model}", json={"prompt": prompt, "max_new_tokens": 1},
                           headers=self.headers(), timeout=600).raise_for_status()
-            time.sleep(0.5)
+            time.sleep(interval)
 
     def model_log(self) -> str:
         """What the workers logged since this TorchServe started (a restart appends to the file)."""
