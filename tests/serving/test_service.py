@@ -10,6 +10,7 @@ from handler.engine.factory import build_engine
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming
+from tests.support.service_driver import drive
 
 LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8, served_model_name="llm")
 
@@ -22,20 +23,6 @@ def engine(default_checkpoint):
 
 def req(prompt="The sky is", n=6, stream=False, **extra):
     return {"prompt": prompt, "max_new_tokens": n, "stream": stream, **extra}
-
-
-def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50):
-    """Call handle() as the frontend does until every request ended; returns replies per id."""
-    replies: dict[str, list] = {}
-    live = list(first)
-    for _ in range(max_calls):
-        if not live:
-            return replies
-        out = service.handle(live)
-        for inc, reply in zip(live, out):
-            replies.setdefault(inc.request_id, []).append(reply)
-        live = [Incoming(i.request_id, None, i.http, i.url_path) for i, r in zip(live, out) if r.more is True]
-    raise AssertionError("requests did not finish")
 
 
 def test_streaming_pieces_join_to_the_whole_answer(engine):

@@ -11,6 +11,7 @@ from itertools import count
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
+from tests.support.service_driver import drive
 from tests.support.tiny_model import counting_engine
 
 LIMITS = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=4, served_model_name="llm")
@@ -22,20 +23,6 @@ def req(prompt: str = "a", n: int = 3, stream: bool = False, **extra) -> dict:
 
 def continuous(slots: int = 4, sink: RecordingSink | None = None, **kwargs) -> ContinuousService:
     return ContinuousService(counting_engine(slots)[0], LIMITS, sink or RecordingSink(), **kwargs)
-
-
-def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50) -> dict[str, list[Reply]]:
-    """Call handle() as the frontend does until every request ended; returns replies per id."""
-    replies: dict[str, list[Reply]] = {}
-    live = list(first)
-    for _ in range(max_calls):
-        if not live:
-            return replies
-        out = service.handle(live)
-        for inc, reply in zip(live, out):
-            replies.setdefault(inc.request_id, []).append(reply)
-        live = [Incoming(i.request_id, None, i.http, i.url_path) for i, r in zip(live, out) if r.more is True]
-    raise AssertionError("requests did not finish")
 
 
 def ndjson(replies: list[Reply]) -> list[dict]:
