@@ -9,6 +9,15 @@ import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PACKINGS = ("auto", "off", "bfloat16", "float32")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
+
+
+def find_gguf(checkpoint_dir: Path) -> Path | None:
+    """The checkpoint's GGUF file (its quantized form, kept beside the float weights), if any."""
+    files = sorted(Path(checkpoint_dir).glob("*.gguf"))
+    if len(files) > 1:
+        raise ValueError(f"checkpoint {checkpoint_dir} has {len(files)} GGUF files ({', '.join(f.name for f in files)}); keep one")
+    return files[0] if files else None
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,11 @@ class EngineConfig:
     # oneDNN-packed copies of the projection weights for calls with several rows (CPU;
     # handler.engine.packed), in bf16 or float32: 1.3-7x faster GEMMs, one more copy in memory.
     packed_weights: Literal["auto", "off", "bfloat16", "float32"] = "auto"
+    # Weight-only quantized projections (handler.engine.quant): "none", "int8" (per output channel),
+    # "int4" (asymmetric, per group of group_size), "gguf" (the checkpoint's GGUF file as stored:
+    # Q8_0 / Q4_0 / Q4_1); "auto" is gguf when the checkpoint has one, else none.
+    quantization: Literal["auto", "none", "int8", "int4", "gguf"] = "auto"
+    group_size: int = 32  # int4 weights per scale and minimum: a multiple of 32
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
 
@@ -40,6 +54,10 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.packed_weights not in PACKINGS:
             raise ValueError(f"packed_weights must be one of {', '.join(PACKINGS)}, got {self.packed_weights!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.group_size < 32 or self.group_size % 32:
+            raise ValueError(f"group_size must be a positive multiple of 32, got {self.group_size}")
         if self.compile not in ("inductor", "eager"):
             raise ValueError(f"compile must be 'inductor' or 'eager', got {self.compile!r}")
         if self.on_compile_error not in ("raise", "eager"):
@@ -59,7 +77,7 @@ class EngineConfig:
 
     def compile_signature(self) -> dict:
         """What a compiled artifact depends on (the checkpoint path does not matter, its weights do)."""
-        if "auto" in (self.dtype, self.packed_weights):
+        if "auto" in (self.dtype, self.packed_weights, self.quantization):
             raise ValueError("compile_signature of an unresolved config (auto): resolve it first (handler.engine.platform.resolve)")
         d = asdict(self)
         d.pop("checkpoint_dir")

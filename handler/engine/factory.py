@@ -1,9 +1,10 @@
 """How an engine is built from an EngineConfig, in order, each step a function of its inputs:
 
     build_engine(cfg)
-      platform.resolve    `auto` dtype and packing become what measured fastest on this CPU
+      platform.resolve    `auto` dtype and packing become what measured fastest on this CPU,
+                          `auto` quantization the checkpoint's own (its GGUF, else none)
       open_checkpoint     the checkpoint's config, tokenizer and safetensors files, checked
-      prepare_model       weights in the resolved dtype, packed copies if chosen, KV cache
+      prepare_model       weights in the resolved dtype, quantized and packed as chosen, KV cache
       artifact_request    the cache key of this worker's compiled artifact, and where to look
       build_steps         compiled prefill and decode: an artifact loaded, or compiled here
       Engine              slots and scheduling over those steps
@@ -44,6 +45,7 @@ from handler.engine.compile_errors import CompileError, failure_reason
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.model import Transformer
+from handler.engine.quant.apply import quantize_model
 from handler.engine.tokenizer import Tokenizer
 from handler.engine.warm_start import BackgroundLoad
 
@@ -106,8 +108,9 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
 
 def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     """The model as the steps are compiled for it and called with: weights in the resolved
-    dtype, packed copies if chosen (the graphs call packed_linear then), KV cache allocated."""
+    dtype, projections quantized if chosen, packed copies if chosen (the graphs call packed_linear then), KV cache allocated."""
     model = load_model(ckpt, cfg.torch_dtype, cfg.device)
+    quantize_model(model, ckpt, cfg)
     if cfg.packed_weights != "off":
         model.pack_weights(DTYPES[cfg.packed_weights])
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)

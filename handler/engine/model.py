@@ -18,6 +18,8 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch._inductor import inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
 
 from handler.engine import packed
+from handler.engine.quant import ops as quant_ops
+from handler.engine.quant.layout import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -45,15 +47,37 @@ class Linear(nn.Linear):
     reduction form: it would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
-    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU)."""
+    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
+
+    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight and
+    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which streams the
+    quantized bytes, or uses the packed copy (of the dequantized weight) for many rows."""
 
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
 
+    def quantize(self, w: QuantizedWeight) -> None:
+        del self.weight
+        self.register_buffer("q", w.q)
+        self.register_buffer("d", w.d)
+        self.register_buffer("m", w.m)
+
+    @property
+    def quantized(self) -> QuantizedWeight | None:
+        q = self._buffers.get("q")
+        return None if q is None else QuantizedWeight(q, self._buffers["d"], self._buffers["m"])
+
     def pack(self, dtype: torch.dtype) -> None:
-        packed.pack(self.weight, dtype)
+        w = self.quantized
+        if w is None:
+            packed.pack(self.weight, dtype)
+        else:  # keyed by q, which the op is given
+            packed.pack(w.q, dtype, source=quant_ops.dequantize(w))
         self.packed_dtype = dtype
 
     def forward(self, x: Tensor) -> Tensor:
+        w = self.quantized
+        if w is not None:
+            return quant_ops.quantized_linear(x, w, self.bias)
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
         if torch.compiler.is_compiling() and guard_or_false(x.shape[:-1].numel() == 1):
             # x: [..., K] with one row; weight: [N, K]. fp32 accumulation, as mm's.
@@ -254,7 +278,7 @@ class Transformer(nn.Module):
                 module.pack(dtype)
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
-        dtype, device = self.output.weight.dtype, self.output.weight.device
+        dtype, device = self.tok_embeddings.weight.dtype, self.tok_embeddings.weight.device
         self.max_seq = max_seq
         # One spare position nobody attends to: a window of kv_len <= max_seq positions is then
         # never the whole (contiguous) buffer, and compiled graphs, which guard on contiguity,

@@ -230,17 +230,25 @@ def choose_path(plat: Platform, device_type: str, dtype: str, packed: str, cuda_
 
 
 def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
-    """cfg with `auto` replaced by this machine's choice (idempotent), and the path label
-    "<profile>/<dtype>/packed-<packing>" the worker logs and exports. Raises PlatformError when
+    """cfg with `auto` replaced by this machine's choice (idempotent; `quantization: auto` by the
+    checkpoint's: gguf when it has a GGUF file), and the path label
+    "<profile>/<dtype>/packed-<packing>[/<quantization>]" the worker logs and exports. Raises PlatformError when
     an explicit choice cannot run here."""
     import torch
+
+    from handler.engine.config import find_gguf
 
     device_type = torch.device(cfg.device).type
     cuda_bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
     plat = current() if device_type == "cpu" else detect()
     chosen = choose_path(plat, device_type, cfg.dtype, cfg.packed_weights, cuda_bf16)
-    resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed)
+    quantization = cfg.quantization
+    if quantization == "auto":  # keep the source's precision
+        quantization = "gguf" if find_gguf(cfg.checkpoint_dir) is not None else "none"
+    resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed, quantization=quantization)
     label = chosen.label(plat.profile) if device_type == "cpu" else f"{device_type}/{chosen.dtype}"
+    if quantization != "none":
+        label += f"/{quantization}"
     return resolved, label
 
 

@@ -1,0 +1,64 @@
+"""Which source a model's projections come from, and swapping them in (after the float load).
+
+    none   the float weights as loaded
+    int8   round-to-nearest, per output channel (rtn.py)
+    int4   round-to-nearest, asymmetric, per group of group_size weights (rtn.py)
+    gguf   the checkpoint's GGUF file as stored (gguf.py): projections and head in their own
+           Q8_0 / Q4_x blocks, the token embedding dequantized from it; norms come from the
+           float checkpoint, which must be the same model (checked on one projection)
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from handler.engine.checkpoint import Checkpoint
+from handler.engine.config import EngineConfig, find_gguf
+from handler.engine.model import Linear, Transformer
+from handler.engine.quant import kernel, ops
+from handler.engine.quant.gguf import GGUFWeights
+from handler.engine.quant.layout import QuantizationError, QuantizedWeight
+from handler.engine.quant.rtn import quantize_int4, quantize_int8
+
+log = logging.getLogger(__name__)
+
+MAX_SOURCE_MISMATCH = 0.25  # RMS(GGUF - float) / RMS(float) on one projection; a different model is ~1.4
+
+
+def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> None:
+    if cfg.quantization == "none":
+        return
+    gguf = GGUFWeights(find_gguf(ckpt.path)) if cfg.quantization == "gguf" else None
+    for name, linear in projections(model):
+        if gguf is not None:
+            layer, _, kind = name.partition(".")[2].partition(".") if name.startswith("layers.") else (None, "", name)
+            w = gguf.projection(kind, model.args, None if layer is None else int(layer))
+            if name == "layers.0.attention.wo":
+                _check_same_model(w, linear.weight, gguf)
+        elif cfg.quantization == "int8":
+            w = quantize_int8(linear.weight)
+        else:
+            w = quantize_int4(linear.weight, cfg.group_size)
+        if w.shape != (linear.out_features, linear.in_features):
+            raise QuantizationError(f"{name}: quantized weight is {w.shape}, the model expects "
+                                    f"{(linear.out_features, linear.in_features)}")
+        linear.quantize(w)
+    if gguf is not None:
+        embedding = model.tok_embeddings.weight
+        model.tok_embeddings.weight = torch.nn.Parameter(ops.dequantize(gguf.embedding()).to(embedding.dtype),
+                                                         requires_grad=False)
+    kernel.quantized_linear()  # built now (~1 s), not during the first request
+    log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
+
+
+def projections(model: Transformer) -> list[tuple[str, Linear]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
+
+
+def _check_same_model(w: QuantizedWeight, float_weight: torch.Tensor, gguf: GGUFWeights) -> None:
+    ref = float_weight.float()
+    err = (ops.dequantize(w) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)
+    if err > MAX_SOURCE_MISMATCH:
+        raise QuantizationError(f"{gguf.path.name} does not hold the same model as the float checkpoint beside it "
+                                f"(layers.0.attention.wo differs by {err:.2f} RMS, relative); remove one of them")

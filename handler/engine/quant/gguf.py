@@ -1,0 +1,77 @@
+"""Quantized projections read from a GGUF file exactly as stored: Q8_0, Q4_0 and Q4_1 blocks of 32
+become int8 / int4 QuantizedWeights with the file's own float16 scales (no requantization).
+
+    Q8_0  34 bytes: d (f16), 32 x int8                 w = d * q
+    Q4_0  18 bytes: d (f16), 16 bytes of nibbles       w = d * (q - 8)  = d * q + m with m = -8 d (exact)
+    Q4_1  20 bytes: d (f16), m (f16), 16 bytes         w = d * q + m
+
+llama.cpp's converter permutes the rows of the query and key projections of Llama-family models
+(its rotary layout pairs adjacent dimensions, transformers' pairs the two halves of a head);
+the rows are put back, which moves whole quantized rows and changes no value."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from handler.engine.model import ModelArgs
+from handler.engine.quant.layout import QuantizationError, QuantizedWeight, cat_rows
+
+TYPES = ("Q8_0", "Q4_0", "Q4_1")
+
+
+class GGUFWeights:
+    """The quantized projections of one GGUF file, by the engine's module names."""
+
+    def __init__(self, path: Path):
+        import gguf  # the reader maintained with llama.cpp; imported only when a GGUF is used
+
+        self.path = path
+        self._tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+    def projection(self, name: str, args: ModelArgs, layer: int | None = None) -> QuantizedWeight:
+        """`name` is the engine's: attention.wqkv, attention.wo, feed_forward.w13, feed_forward.w2, output."""
+        blk = f"blk.{layer}."
+        if name == "attention.wqkv":
+            q = self._take(blk + "attn_q.weight").rows(_unpermute(args.n_heads, args.head_dim))
+            k = self._take(blk + "attn_k.weight").rows(_unpermute(args.n_kv_heads, args.head_dim))
+            return cat_rows([q, k, self._take(blk + "attn_v.weight")])
+        if name == "feed_forward.w13":
+            return cat_rows([self._take(blk + "ffn_gate.weight"), self._take(blk + "ffn_up.weight")])
+        if name == "output":  # tied models have no output.weight: the head is the embedding
+            return self._take("output.weight" if "output.weight" in self._tensors else "token_embd.weight")
+        return self._take(blk + {"attention.wo": "attn_output.weight", "feed_forward.w2": "ffn_down.weight"}[name])
+
+    def embedding(self) -> QuantizedWeight:
+        return self._take("token_embd.weight")
+
+    def _take(self, name: str) -> QuantizedWeight:
+        t = self._tensors.get(name)
+        if t is None:
+            raise QuantizationError(f"{self.path.name} has no tensor {name}")
+        kind = t.tensor_type.name
+        if kind not in TYPES:
+            raise QuantizationError(f"{self.path.name}: {name} is {kind}; only {', '.join(TYPES)} are taken as "
+                                    "stored (set quantization to none, int8 or int4 to use the float checkpoint)")
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [N, K/32 * block bytes]
+        n = raw.shape[0]
+        blocks = raw.view(n, -1, {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[kind])
+        d = blocks[..., 0:2].contiguous().view(torch.float16).view(n, -1)
+        if kind == "Q8_0":
+            return QuantizedWeight(blocks[..., 2:].contiguous().view(torch.int8).view(n, -1), d).check()
+        if kind == "Q4_0":
+            return QuantizedWeight(blocks[..., 2:].reshape(n, -1).contiguous(), d, d * -8).check()
+        m = blocks[..., 2:4].contiguous().view(torch.float16).view(n, -1)
+        return QuantizedWeight(blocks[..., 4:].reshape(n, -1).contiguous(), d, m).check()
+
+
+def _unpermute(heads: int, head_dim: int) -> Tensor:
+    """Row index that turns llama.cpp's query/key row order back into transformers': row
+    (head h, half s, pair j) is GGUF row h * head_dim + 2 j + s."""
+    h = torch.arange(heads)[:, None, None] * head_dim
+    s = torch.arange(2)[None, :, None]
+    j = torch.arange(head_dim // 2)[None, None, :]
+    return (h + 2 * j + s).flatten()
+

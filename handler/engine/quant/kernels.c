@@ -1,0 +1,290 @@
+/* Weight-only quantized linear layers on CPU: y[M, N] = x[M, K] . W[N, K]^T in float32, where W
+ * is stored quantized and never materialized whole.
+ *
+ * Layouts (K a multiple of 32, group size G a multiple of 32 dividing K):
+ *   int8: q int8 [N, K]; w = d * q; d float16 [N, K/G]
+ *   int4: q uint8 [N, K/2], GGUF's block order: in each block of 32 weights byte j holds weight
+ *         j (low nibble) and weight j + 16 (high nibble); w = d * q + m, q in 0..15;
+ *         d, m float16 [N, K/G]. (GGUF Q4_1 is this with G = 32; Q4_0 has m = -8 d, exact in
+ *         float16; GGUF Q8_0 is int8 with G = 32.)
+ *
+ * Written with GCC vector extensions, not intrinsics: the same source becomes AVX2 or AVX-512
+ * code under Inductor's -march for x86 and NEON on aarch64.
+ *
+ * One row (decode at batch 1) is memory-bound: the quantized bytes are streamed once, four
+ * output rows at a time sharing the loaded x, with sum(q * x) per group scaled once (and, for
+ * int4, m * sum(x) added from precomputed group sums of x). Several rows reuse each weight: a
+ * chunk of output rows is dequantized into a float32 buffer that stays in cache, then multiplied
+ * with every x row by a 3 x 4 register-blocked kernel. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+typedef float f8 __attribute__((vector_size(32)));
+
+#define BLOCK 32
+#ifndef PREFETCH
+#define PREFETCH 8
+#endif
+
+static inline f8 load8(const float *p) { f8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store8(float *p, f8 v) { memcpy(p, &v, sizeof v); }
+/* a * b + c, fused where the CPU has FMA (Inductor compiles with -ffp-contract=off: no implicit fusing) */
+#if defined(__FMA__)
+static inline f8 fma8(f8 a, f8 b, f8 c) { return _mm256_fmadd_ps(a, b, c); }
+#else
+static inline f8 fma8(f8 a, f8 b, f8 c) { return a * b + c; }
+#endif
+static inline float hsum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+/* the 32 quantized values of one block as floats (q, before scale and minimum). GCC turns
+ * __builtin_convertvector from bytes into scalar code, so x86 widens with intrinsics. */
+#if defined(__AVX2__)
+
+static inline void unpack_q8(const int8_t *q, f8 w[4]) {
+    for (int j = 0; j < 4; j++)
+        w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+}
+
+static inline void unpack_q4(const uint8_t *q, f8 w[4]) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q), nibble = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+#else
+static inline void unpack_q8(const int8_t *q, f8 w[4]) {
+    float t[BLOCK];
+    for (int k = 0; k < BLOCK; k++) t[k] = (float)q[k];
+    for (int j = 0; j < 4; j++) w[j] = load8(t + 8 * j);
+}
+
+static inline void unpack_q4(const uint8_t *q, f8 w[4]) {
+    float t[BLOCK];
+    for (int k = 0; k < BLOCK / 2; k++) {
+        t[k] = (float)(q[k] & 0x0F);
+        t[k + BLOCK / 2] = (float)(q[k] >> 4);
+    }
+    for (int j = 0; j < 4; j++) w[j] = load8(t + 8 * j);
+}
+#endif
+
+static inline void unpack(int bits, const uint8_t *row, int64_t block, f8 w[4]) {
+    if (bits == 8) unpack_q8((const int8_t *)row + block * BLOCK, w);
+    else unpack_q4(row + block * (BLOCK / 2), w);
+}
+
+/* a float16 (scales and minimums are stored as GGUF stores them) as a float */
+#if defined(__F16C__)
+static inline float half(uint16_t h) { return _cvtsh_ss(h); }
+#elif defined(__aarch64__)
+static inline float half(uint16_t h) { __fp16 v; memcpy(&v, &h, 2); return (float)v; }
+#else
+static inline float half(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    float v;
+    if (exp == 0) v = ldexpf((float)mant, -24);  /* zero or subnormal */
+    else if (exp == 31) { uint32_t bits = sign | 0x7F800000u | (mant << 13); memcpy(&v, &bits, 4); return v; }
+    else v = ldexpf((float)(mant | 0x400), (int)exp - 25);
+    return sign ? -v : v;
+}
+#endif
+
+static inline int64_t row_bytes(int bits, int64_t K) { return bits == 8 ? K : K / 2; }
+
+/* ---- one x row ---------------------------------------------------------------------------- */
+
+/* One row is rounded to int16 per block of 32 (scale = the block's largest |x| / 32767, so the error
+ * is at most 1/65534 of that value: finer than bfloat16's own rounding of x) and each block's
+ * sum(q * x) is taken in integers, 16 products per instruction on AVX2 (vpmaddwd), then scaled once:
+ *   y[n] = sum_b d[n, b] * sx[b] * sum_k q[n, k] xq[k]  (+ m[n, b] * sum_k x[k] for int4, exact)
+ * No overflow: |q| <= 128, |xq| <= 32767, 32 products fit an int32 with room to spare. */
+typedef struct {
+    int16_t *q;     /* [K] */
+    float *scale;   /* [K/32] */
+    float *sum;     /* [K/32], sum of the unrounded x: the int4 minimum's term */
+} RoundedRow;
+
+static RoundedRow round_row(const float *x, int64_t K) {
+    RoundedRow r = {(int16_t *)malloc(sizeof(int16_t) * K), (float *)malloc(sizeof(float) * (K / BLOCK)),
+                    (float *)malloc(sizeof(float) * (K / BLOCK))};
+    for (int64_t b = 0; b < K / BLOCK; b++) {
+        float amax = 0, sum = 0;
+        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) {
+            amax = fmaxf(amax, fabsf(x[k]));
+            sum += x[k];
+        }
+        const float scale = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0.0f;
+        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) r.q[k] = (int16_t)lrintf(x[k] * inv);
+        r.scale[b] = scale;
+        r.sum[b] = sum;
+    }
+    return r;
+}
+
+static void free_row(RoundedRow r) { free(r.q); free(r.scale); free(r.sum); }
+
+/* sum(q * xq) over one block of 32 weights, as 8 lanes of partial sums */
+#if defined(__AVX2__)
+static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int16_t *xq) {
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 16));
+    __m256i w0, w1;
+    if (bits == 8) {
+        const int8_t *q = (const int8_t *)row + block * BLOCK;
+        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q));
+        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
+    } else {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(row + block * (BLOCK / 2))), nibble = _mm_set1_epi8(0x0F);
+        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(b, nibble));
+        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), nibble));
+    }
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1)));
+}
+#else
+static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int16_t *xq) {
+    int32_t lane[8] = {0};
+    for (int k = 0; k < BLOCK; k++) {
+        const int32_t w = bits == 8 ? ((const int8_t *)row)[block * BLOCK + k]
+                                    : (row[block * (BLOCK / 2) + k % 16] >> (k < 16 ? 0 : 4)) & 0x0F;
+        lane[k % 8] += w * xq[k];
+    }
+    f8 v;
+    for (int j = 0; j < 8; j++) v[j] = (float)lane[j];
+    return v;
+}
+#endif
+
+/* y[n0 .. n0+ROWS) for one x row; inlined with constant bits and ROWS so everything stays in
+ * registers (a spilled accumulator is a store-to-load chain through memory). */
+#define GEMV_ROWS(BITS, ROWS)                                                                           \
+    static inline __attribute__((always_inline)) void gemv##BITS##_##ROWS(                              \
+        RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, int64_t n0,     \
+        int64_t K, int64_t G) {                                                                         \
+        const int64_t groups = K / G, rb = row_bytes(BITS, K);                                           \
+        f8 acc[ROWS];                                                                                   \
+        float offset[ROWS];                                                                             \
+        for (int r = 0; r < ROWS; r++) { acc[r] = (f8){0}; offset[r] = 0; }                             \
+        for (int64_t b = 0; b < K / BLOCK; b++) {                                                       \
+            const int64_t g = b * BLOCK / G;                                                            \
+            for (int r = 0; r < ROWS; r++) {                                                            \
+                const int64_t i = (n0 + r) * groups + g;                                                \
+                const uint8_t *row = q + (n0 + r) * rb;                                                 \
+                __builtin_prefetch(row + (b + PREFETCH) * BLOCK * BITS / 8);                            \
+                acc[r] = fma8(block_isum(BITS, row, b, x.q + b * BLOCK), (f8){0} + half(d[i]) * x.scale[b], acc[r]); \
+                if (BITS == 4) offset[r] += half(m[i]) * x.sum[b];                                      \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < ROWS; r++) y[n0 + r] = hsum(acc[r]) + offset[r];                            \
+    }
+
+#define GEMV(BITS)                                                                                      \
+    GEMV_ROWS(BITS, 1)                                                                                  \
+    GEMV_ROWS(BITS, 4)                                                                                  \
+    static void gemv##BITS(RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, \
+                           int64_t N, int64_t K, int64_t G, int threads) {                              \
+        const int64_t full = N - N % 4;                                                                 \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                               \
+        for (int64_t n0 = 0; n0 < full; n0 += 4) gemv##BITS##_4(x, q, d, m, y, n0, K, G);               \
+        for (int64_t n = full; n < N; n++) gemv##BITS##_1(x, q, d, m, y, n, K, G);                      \
+    }
+GEMV(8)
+GEMV(4)
+
+/* ---- several x rows ----------------------------------------------------------------------- */
+
+static void dequantize_rows(int bits, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *out,
+                            int64_t n0, int64_t rows, int64_t K, int64_t G) {
+    const int64_t groups = K / G, rb = row_bytes(bits, K);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = q + (n0 + r) * rb;
+        for (int64_t b = 0; b < K / BLOCK; b++) {
+            const int64_t i = (n0 + r) * groups + b * BLOCK / G;
+            f8 w[4];
+            unpack(bits, row, b, w);
+            const float scale = half(d[i]), min = m ? half(m[i]) : 0.0f;
+            for (int j = 0; j < 4; j++) store8(out + r * K + b * BLOCK + 8 * j, fma8(w[j], (f8){0} + scale, (f8){0} + min));
+        }
+    }
+}
+
+/* y[MB rows, 4 columns] = x[MB, K] . w[4, K]^T, w rows contiguous with stride K */
+#define MICRO(MB)                                                                                      \
+    static void micro_##MB(const float *x, const float *w, float *y, int64_t K, int64_t ldy) {        \
+        f8 acc[MB][4] = {{{0}}};                                                                       \
+        for (int64_t k = 0; k < K; k += 8) {                                                          \
+            f8 w0 = load8(w + k), w1 = load8(w + K + k), w2 = load8(w + 2 * K + k), w3 = load8(w + 3 * K + k); \
+            for (int i = 0; i < MB; i++) {                                                             \
+                f8 xi = load8(x + i * K + k);                                                          \
+                acc[i][0] = fma8(xi, w0, acc[i][0]); acc[i][1] = fma8(xi, w1, acc[i][1]);                  \
+                acc[i][2] = fma8(xi, w2, acc[i][2]); acc[i][3] = fma8(xi, w3, acc[i][3]); \
+            }                                                                                          \
+        }                                                                                              \
+        for (int i = 0; i < MB; i++)                                                                   \
+            for (int c = 0; c < 4; c++) y[i * ldy + c] = hsum(acc[i][c]);                              \
+    }
+MICRO(1)
+MICRO(2)
+MICRO(3)
+
+static void dot_rows(const float *x, const float *w, float *y, int64_t rows, int64_t K, int64_t ldy) {
+    for (int64_t r = 0; r < rows; r++) {
+        f8 acc = {0};
+        for (int64_t k = 0; k < K; k += 8) acc = fma8(load8(x + k), load8(w + r * K + k), acc);
+        y[r] = hsum(acc);
+    }
+    (void)ldy;
+}
+
+static void gemm(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
+                 int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
+    /* a chunk of dequantized rows: ~64 KiB, so it stays in L2 while all of x passes by */
+    int64_t chunk = (16384 / K) & ~(int64_t)3;
+    if (chunk < 4) chunk = 4;
+    const int64_t chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel num_threads(threads)
+    {
+        float *buf = (float *)malloc(sizeof(float) * chunk * K);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t n0 = c * chunk, rows = N - n0 < chunk ? N - n0 : chunk;
+            dequantize_rows(bits, q, d, m, buf, n0, rows, K, G);
+            for (int64_t i = 0; i < M; i += 3) {
+                const int64_t mb = M - i < 3 ? M - i : 3;
+                const float *xi = x + i * K;
+                float *yi = y + i * N + n0;
+                int64_t r = 0;
+                for (; r + 4 <= rows; r += 4) {
+                    if (mb == 3) micro_3(xi, buf + r * K, yi + r, K, N);
+                    else if (mb == 2) micro_2(xi, buf + r * K, yi + r, K, N);
+                    else micro_1(xi, buf + r * K, yi + r, K, N);
+                }
+                for (int64_t j = 0; j < mb; j++) dot_rows(xi + j * K, buf + r * K, yi + j * N + r, rows - r, K, N);
+            }
+        }
+        free(buf);
+    }
+}
+
+/* ---- entry point -------------------------------------------------------------------------- */
+
+/* bits 8 or 4; m NULL for int8. x [M, K], y [M, N], both float32 and contiguous. */
+#ifdef __cplusplus
+extern "C"
+#endif
+void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
+                             float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
+    if (M == 1) {
+        const RoundedRow row = round_row(x, K);
+        if (bits == 8) gemv8(row, q, d, m, y, N, K, G, threads);
+        else gemv4(row, q, d, m, y, N, K, G, threads);
+        free_row(row);
+    } else {
+        gemm(bits, x, q, d, m, y, M, N, K, G, threads);
+    }
+}
