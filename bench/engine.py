@@ -70,7 +70,14 @@ def weight_bytes_per_token(model) -> int:
     """Bytes a batch-1 decode step must read: every weight once (the embedding table is only
     gathered, but with tied embeddings it is read whole as the output projection)."""
     params = model.named_parameters(remove_duplicate=False)  # a tied output head shares the embedding tensor
-    return sum(p.numel() * p.element_size() for n, p in params if not n.startswith("tok_embeddings"))
+    quantized = [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in ("q", "d", "m")]  # quantized projections
+    return (sum(p.numel() * p.element_size() for n, p in params if not n.startswith("tok_embeddings"))
+            + sum(b.numel() * b.element_size() for b in quantized))
+
+
+def matmul_weights(model) -> int:
+    """Multiply-adds per token in the projections and the head."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 REPEATS = 3  # every speed is the best of this many runs, for transformers and this engine alike
@@ -118,11 +125,16 @@ def _ours_decode_tps(engine, device: str, batch: int, n: int) -> float:
 
 
 VARIANTS = {
-    "eager": dict(compile="eager"),
-    "compiled": dict(compile="inductor"),  # the default: AOT-compiled graphs, weights as inputs
+    "eager": dict(compile="eager", quantization="none"),
+    "compiled": dict(compile="inductor", quantization="none"),  # AOT-compiled graphs, weights as inputs
+    # weight-only quantized projections (handler.engine.quant): round-to-nearest from the bf16
+    # weights, and the checkpoint's GGUF as stored (the default model: Q4_1, head Q8_0)
+    "compiled_int8": dict(compile="inductor", quantization="int8"),
+    "compiled_int4": dict(compile="inductor", quantization="int4"),
+    "compiled_gguf": dict(compile="inductor", quantization="gguf"),
     # torch.compile with weights frozen + prepacked and max-autotune GEMMs: fastest decode, but a
     # frozen graph cannot be saved as an AOT artifact, so it compiles at every start.
-    "compiled_autotune": dict(compile="inductor", freezing=True, max_autotune=True),
+    "compiled_autotune": dict(compile="inductor", freezing=True, max_autotune=True, quantization="none"),
 }
 
 
@@ -157,7 +169,8 @@ def main() -> None:
             result["weight_bytes_per_token"] = weight_bytes
             result["roofline_tokens_per_s_bs1"] = bw / weight_bytes
             # tokens/s no batch size can beat: matmuls alone at the measured peak
-            result["compute_roofline_tokens_per_s"] = flops / (2 * weight_bytes / loaded.model.output.weight.element_size())
+            result["compute_roofline_tokens_per_s"] = flops / (2 * matmul_weights(loaded.model))
+        result.setdefault("weight_bytes_per_token_by_variant", {})[name] = weight_bytes_per_token(loaded.model)
         for batch in args.batches:
             tps = ours_decode_tps(loaded.engine, args.device, batch, args.new_tokens)
             result["tokens_per_s"].setdefault(name, {})[str(batch)] = tps

@@ -160,27 +160,65 @@ static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const i
 }
 #endif
 
-/* y[n0 .. n0+ROWS) for one x row; inlined with constant bits and ROWS so everything stays in
- * registers (a spilled accumulator is a store-to-load chain through memory). */
+/* blocks `from` .. K/32 of row n, one at a time (what the 8-block loop leaves) */
+static inline float gemv_tail(int bits, RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
+                              int64_t n, int64_t from, int64_t K, int64_t G) {
+    const int64_t groups = K / G;
+    f8 acc = {0};
+    float offset = 0;
+    for (int64_t b = from; b < K / BLOCK; b++) {
+        const int64_t i = n * groups + b * BLOCK / G;
+        acc = fma8(block_isum(bits, q + n * row_bytes(bits, K), b, x.q + b * BLOCK), (f8){0} + half(d[i]) * x.scale[b], acc);
+        if (m) offset += half(m[i]) * x.sum[b];
+    }
+    return hsum(acc) + offset;
+}
+
+/* scale[j] = d * sx and (int4) the m * sum(x) terms, for blocks b0 .. b0+8 of one weight row: on
+ * 8 blocks at a time, since done one block at a time this bookkeeping cost as much as the dot
+ * products themselves. */
+static inline void block_scales(const uint16_t *d, const uint16_t *m, RoundedRow x, int64_t b0, int64_t G,
+                                float scale[8], f8 *offset) {
+#if defined(__F16C__)
+    if (G == BLOCK) {
+        store8(scale, (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b0))) * load8(x.scale + b0));
+        if (m) *offset = fma8((f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b0))), load8(x.sum + b0), *offset);
+        return;
+    }
+#endif
+    f8 mv;
+    for (int j = 0; j < 8; j++) {
+        const int64_t g = (b0 + j) * BLOCK / G;
+        scale[j] = half(d[g]) * x.scale[b0 + j];
+        mv[j] = m ? half(m[g]) : 0.0f;
+    }
+    if (m) *offset = fma8(mv, load8(x.sum + b0), *offset);
+}
+
+/* y[n0 .. n0+ROWS) for one x row (K a multiple of 256 here; gemv_tail does the rest); inlined with
+ * constant bits and ROWS so the accumulators stay in registers. */
 #define GEMV_ROWS(BITS, ROWS)                                                                           \
     static inline __attribute__((always_inline)) void gemv##BITS##_##ROWS(                              \
         RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, int64_t n0,     \
         int64_t K, int64_t G) {                                                                         \
-        const int64_t groups = K / G, rb = row_bytes(BITS, K);                                           \
-        f8 acc[ROWS];                                                                                   \
-        float offset[ROWS];                                                                             \
-        for (int r = 0; r < ROWS; r++) { acc[r] = (f8){0}; offset[r] = 0; }                             \
-        for (int64_t b = 0; b < K / BLOCK; b++) {                                                       \
-            const int64_t g = b * BLOCK / G;                                                            \
-            for (int r = 0; r < ROWS; r++) {                                                            \
-                const int64_t i = (n0 + r) * groups + g;                                                \
-                const uint8_t *row = q + (n0 + r) * rb;                                                 \
-                __builtin_prefetch(row + (b + PREFETCH) * BLOCK * BITS / 8);                            \
-                acc[r] = fma8(block_isum(BITS, row, b, x.q + b * BLOCK), (f8){0} + half(d[i]) * x.scale[b], acc[r]); \
-                if (BITS == 4) offset[r] += half(m[i]) * x.sum[b];                                      \
-            }                                                                                           \
+        const int64_t groups = K / G, rb = row_bytes(BITS, K), full = (K / BLOCK) & ~(int64_t)7;        \
+        f8 acc[ROWS], offset[ROWS];                                                                     \
+        for (int r = 0; r < ROWS; r++) acc[r] = offset[r] = (f8){0};                                    \
+        for (int64_t b0 = 0; b0 < full; b0 += 8) {                                                      \
+            float scale[ROWS][8];                                                                       \
+            for (int r = 0; r < ROWS; r++)                                                              \
+                block_scales(d + (n0 + r) * groups, BITS == 4 ? m + (n0 + r) * groups : NULL, x, b0, G, \
+                             scale[r], &offset[r]);                                                     \
+            for (int j = 0; j < 8; j++)                                                                 \
+                for (int r = 0; r < ROWS; r++) {                                                        \
+                    const uint8_t *row = q + (n0 + r) * rb;                                             \
+                    __builtin_prefetch(row + (b0 + j + PREFETCH) * BLOCK * BITS / 8);                   \
+                    acc[r] = fma8(block_isum(BITS, row, b0 + j, x.q + (b0 + j) * BLOCK),                \
+                                  (f8){0} + scale[r][j], acc[r]);                                       \
+                }                                                                                       \
         }                                                                                               \
-        for (int r = 0; r < ROWS; r++) y[n0 + r] = hsum(acc[r]) + offset[r];                            \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            y[n0 + r] = hsum(acc[r]) + hsum(offset[r]) + gemv_tail(BITS, x, q, d, m, n0 + r, full, K, G); \
     }
 
 #define GEMV(BITS)                                                                                      \

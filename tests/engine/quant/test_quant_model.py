@@ -1,0 +1,94 @@
+"""A quantized model end to end (eager; the compiled path is the AOT tests' and e2e's): int8,
+int4 and a GGUF beside the checkpoint give the logits of the float model with those weights."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from handler.engine.checkpoint import load_model, open_checkpoint
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine
+from handler.engine.quant.apply import projections
+from handler.engine.quant.ops import dequantize
+
+
+def _logits(model, tokens):
+    with torch.no_grad():
+        return model.prefill(tokens, torch.tensor([0]), torch.tensor([tokens.shape[1] - 1]))
+
+
+def _dequantized_twin(model, ckpt):
+    """The float32 model whose projections are the quantized model's, dequantized."""
+    twin = load_model(ckpt, torch.float32)
+    for (name, linear), (_, twin_linear) in zip(projections(model), projections(twin)):
+        twin_linear.weight = torch.nn.Parameter(dequantize(linear.quantized), requires_grad=False)
+    twin.tok_embeddings.weight = torch.nn.Parameter(model.tok_embeddings.weight.float(), requires_grad=False)
+    twin.setup_cache(2, 64)
+    return twin
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_model_matches_its_dequantized_twin(tiny_checkpoint, quantization):
+    loaded = build_engine(EngineConfig(tiny_checkpoint, dtype="float32", compile="eager", quantization=quantization,
+                                       max_batch_size=2, max_seq_len=64, packed_weights="off"))
+    assert all(linear.quantized is not None for _, linear in projections(loaded.model))
+    tokens = torch.tensor([[5, 17, 300, 41, 9, 2000]])
+    twin = _dequantized_twin(loaded.model, open_checkpoint(tiny_checkpoint))
+    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=2e-3, rtol=2e-3)
+
+
+def test_a_gguf_beside_the_checkpoint_is_served_under_auto(tiny_checkpoint, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    ckpt_dir = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt_dir)
+    float_model = load_model(open_checkpoint(ckpt_dir), torch.float32)
+    _write_gguf_of(float_model, ckpt_dir / "tiny.Q8_0.gguf", gguf)
+
+    loaded = build_engine(EngineConfig(ckpt_dir, dtype="float32", compile="eager", max_batch_size=2, max_seq_len=64,
+                                       packed_weights="off"))
+    assert loaded.path.endswith("/gguf")
+    head = loaded.model.output.quantized
+    assert head is not None and head.bits == 8 and head.group_size == 32
+    tokens = torch.tensor([[5, 17, 300, 41]])
+    twin = _dequantized_twin(loaded.model, open_checkpoint(ckpt_dir))
+    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=2e-3, rtol=2e-3)
+    # and the GGUF's weights are the float model's, to Q8_0's precision
+    torch.testing.assert_close(_logits(twin, tokens), _logits(_with_cache(float_model), tokens), atol=0.1, rtol=0.05)
+
+
+def _with_cache(model):
+    model.setup_cache(2, 64)
+    return model
+
+
+def _write_gguf_of(model, path, gguf):
+    """The model's projections and embedding as Q8_0, named and row-ordered as llama.cpp writes them."""
+    args = model.args
+    T = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), "llama")
+
+    def add(name, w):
+        data = w.detach().float().numpy()
+        writer.add_tensor(name, gguf.quants.quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
+
+    def permuted(w, heads):  # llama.cpp's rotary row order
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+
+    add("token_embd.weight", model.tok_embeddings.weight)
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    for i, layer in enumerate(model.layers):
+        q, k, v = layer.attention.wqkv.weight.split([q_rows, kv_rows, kv_rows])
+        add(f"blk.{i}.attn_q.weight", permuted(q, args.n_heads))
+        add(f"blk.{i}.attn_k.weight", permuted(k, args.n_kv_heads))
+        add(f"blk.{i}.attn_v.weight", v)
+        add(f"blk.{i}.attn_output.weight", layer.attention.wo.weight)
+        gate, up = layer.feed_forward.w13.weight.split(args.intermediate_size)
+        add(f"blk.{i}.ffn_gate.weight", gate)
+        add(f"blk.{i}.ffn_up.weight", up)
+        add(f"blk.{i}.ffn_down.weight", layer.feed_forward.w2.weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -1,0 +1,89 @@
+"""ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels.c: one row (8-block
+loop and the tail), several rows (3x4 tiles and edges), and the packed copy for many rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handler.engine import packed
+from handler.engine.quant import ops
+from handler.engine.quant.layout import QuantizedWeight
+from handler.engine.quant.rtn import quantize_int4, quantize_int8
+
+
+def _weights(bits: int, n: int, k: int, group: int) -> QuantizedWeight:
+    torch.manual_seed(n * k + bits)
+    w = torch.randn(n, k) * 0.05
+    return quantize_int8(w) if bits == 8 else quantize_int4(w, group)
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+    ref_w = ops.dequantize(w).double()
+    ref = x.double().reshape(-1, ref_w.shape[1]) @ ref_w.T
+    if bias is not None:
+        ref = ref + bias.double()
+    # x is rounded to int16 per 32-block (<= 1/65534 of the block's max) and sums are float32
+    bound = (x.double().abs().reshape(-1, ref_w.shape[1]) @ ref_w.abs().T) * 2e-4 + 1e-5
+    err = (y.double().reshape(ref.shape) - ref).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("n,k", [(37, 320), (64, 96), (8, 576)])  # 8 blocks + tail; tail only; N % 4 == 0
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 16])
+def test_matches_dequantized_product(bits, n, k, rows):
+    w = _weights(bits, n, k, 32)
+    x = torch.randn(rows, k)
+    _check(ops.quantized_linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("group", [64, 96])
+def test_int4_groups_wider_than_a_block(group):
+    w = _weights(4, 12, 192, group)
+    for rows in (1, 4):
+        x = torch.randn(rows, 192)
+        _check(ops.quantized_linear(x, w), x, w)
+
+
+def test_bias_and_leading_dims_and_dtype_kept():
+    w = _weights(8, 16, 64, 64)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    bias = torch.randn(16, dtype=torch.bfloat16)
+    y = ops.quantized_linear(x, w, bias)
+    assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
+    ref = (x.float().reshape(6, 64) @ ops.dequantize(w).T + bias.float()).reshape(2, 3, 16)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)  # bf16 output rounding
+
+
+def test_zero_rows():
+    w = _weights(4, 8, 64, 32)
+    assert ops.quantized_linear(torch.randn(0, 64), w).shape == (0, 8)
+
+
+def test_many_rows_use_the_packed_copy_when_there_is_one():
+    w = _weights(8, 24, 128, 128)
+    x = torch.randn(ops.PACKED_MIN_ROWS + 3, 128)
+    direct = ops.quantized_linear(x, w)
+    packed.pack(w.q, torch.float32, source=ops.dequantize(w))
+    assert packed.has_copy(w.q)
+    via_copy = ops.quantized_linear(x, w)
+    _check(via_copy, x, w)
+    _check(direct, x, w)
+    assert not torch.equal(direct, via_copy)  # the two paths round differently: the copy was used
+
+
+def test_an_all_zero_block_of_x():
+    w = _weights(4, 8, 256, 32)
+    x = torch.randn(1, 256)
+    x[0, 32:64] = 0
+    _check(ops.quantized_linear(x, w), x, w)
+
+
+def test_compiled_graph_calls_the_op():
+    w = _weights(4, 16, 256, 32)
+
+    def f(x):
+        return ops.quantized_linear(torch.relu(x), w) * 2
+
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x))
