@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 HANDLER_FILE = Path(__file__).resolve().parents[1] / "serving" / "llm_handler.py"
 CHECKPOINT_FILES = ("*.safetensors", "*.json", "*.jinja")
+GGUF_FILES = ("*.gguf",)  # packed only where the handler may serve it (quantization: auto or gguf)
 
 
 def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: ServingOptions,
@@ -31,7 +32,8 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"
         staged_checkpoint = staging / opts.handler.get("checkpoint", CHECKPOINT_DIR_NAME)
-        _stage(staged_checkpoint, checkpoint_dir)
+        serves_gguf = opts.handler.get("quantization", "auto") in ("auto", "gguf")
+        _stage(staged_checkpoint, checkpoint_dir, CHECKPOINT_FILES + (GGUF_FILES if serves_gguf else ()))
         # Hashed once here, so a worker's cache key needs no pass over the weights.
         write_weights_digest(open_checkpoint(staged_checkpoint), staged_checkpoint)
         for name, src in (extra_dirs or {}).items():

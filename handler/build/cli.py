@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="auto: the fastest on the serving CPU's profile (decided by each worker)")
     p.add_argument("--packed-weights", **flag(EngineConfig, "packed_weights"),
                    help="oneDNN-packed weight copies for several-row calls (CPU); auto: per CPU profile")
+    p.add_argument("--quantization", **flag(EngineConfig, "quantization"),
+                   help="weight-only quantized projections; auto: the checkpoint's GGUF as stored if it has one, else none")
+    p.add_argument("--group-size", **flag(EngineConfig, "group_size"))
     p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
                    "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # cuda: each worker's GPU
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         platform.reexec_under(args.cpu_profile)
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device, "compile": args.compile,
-                   "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
+                   "quantization": args.quantization, "group_size": args.group_size, "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name}
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file

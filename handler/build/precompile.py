@@ -36,7 +36,7 @@ def build_artifact(cfg: EngineConfig, dest: Path) -> CacheKey:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
-    key = artifact_key(cfg, digest_files(ckpt.weight_files))
+    key = artifact_key(cfg, digest_files(ckpt.digested_files))
     model = prepare_model(ckpt, cfg)
     compile_and_install(model, cfg, key, dest)
     return key

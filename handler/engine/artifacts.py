@@ -37,8 +37,8 @@ MAR_ARTIFACT_DIR = "aot"  # the artifact folder inside a .mar (archive.sh --aot)
 
 def write_weights_digest(ckpt: Checkpoint, dest_dir: Path) -> str:
     """Hash the weights once, at build time, so workers need not re-read them at each start."""
-    digest = digest_files(ckpt.weight_files)
-    files = {p.name: p.stat().st_size for p in ckpt.weight_files}
+    digest = digest_files(ckpt.digested_files)
+    files = {p.name: p.stat().st_size for p in ckpt.digested_files}
     write_atomic(dest_dir / WEIGHTS_DIGEST_FILE, json.dumps({"digest": digest, "files": files}, indent=1) + "\n")
     return digest
 
@@ -50,7 +50,7 @@ def weights_digest(ckpt: Checkpoint) -> str:
     if recorded is not None:
         return recorded
     log.info("hashing the weights (no valid %s beside them; archive.sh writes one)", WEIGHTS_DIGEST_FILE)
-    return digest_files(ckpt.weight_files)
+    return digest_files(ckpt.digested_files)
 
 
 def _recorded_digest(ckpt: Checkpoint) -> str | None:
@@ -61,7 +61,7 @@ def _recorded_digest(ckpt: Checkpoint) -> str | None:
     except (OSError, ValueError) as err:
         log.warning("ignoring unreadable %s: %s", WEIGHTS_DIGEST_FILE, err)
         return None
-    actual = {p.name: p.stat().st_size for p in ckpt.weight_files}
+    actual = {p.name: p.stat().st_size for p in ckpt.digested_files}
     if doc.get("files") != actual or not isinstance(doc.get("digest"), str):
         log.warning("ignoring %s: it describes %s, the checkpoint has %s", WEIGHTS_DIGEST_FILE, doc.get("files"), actual)
         return None

