@@ -8,7 +8,7 @@ against both systems' /v1/completions, one system at a time.
 
 Pairs: ours `quantization: none` (bf16 weights) with llama.cpp BF16, `int8` with Q8_0, `int4` with
 Q4_1. llama.cpp is built once from the tree vendored in the llama-cpp-python sdist (see
-bench/peer_llamacpp.py; about 15 minutes on 2 cores) and cached with the GGUFs under
+bench/peer_llamacpp.py; 15-40 minutes on 2 cores) and cached with the GGUFs under
 $XDG_CACHE_HOME/ts-llm/llama.cpp. Writes docs/results/peer.json (+ raw per-request records),
 docs/results/peer.png and the llama.cpp section of docs/benchmarks.md.
 """
@@ -226,7 +226,9 @@ def markdown(r: dict, argv: str) -> str:
                 ratio = pair.get("ratio_by_concurrency", {}).get(str(x["concurrency"])) if system == "ours" else None
                 rows.append(f"| {precision} | {system} | {x['concurrency']} | {x['requests']} | {x['errors']} | "
                             f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
-                            f"{_fmt(ratio)} |")
+                            f"{_fmt(ratio) if system == 'ours' else ''} |")
+    notes = "".join(f"\n\nours {p}: {pair['ours']['note']}." for p, pair in r["pairs"].items()
+                    if (pair.get("ours") or {}).get("note"))
     v, ll = r["versions"], r["llama_cpp"]
     ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
     return f"""## Side by side with llama.cpp (llama-server)
@@ -243,7 +245,7 @@ checkpoint. Both get the same streamed `/v1/completions` requests, one system at
 
 | precision | system | clients | requests | errors | output tok/s | TTFT p50/p99 s | ours / llama.cpp tok/s |
 |---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}
+{chr(10).join(rows)}{notes}
 
 Throughput ratio ours / llama.cpp at 1 / 16 clients: {ratio_line}. p99 TTFT ratio at 16 clients (ours / llama.cpp,
 {r.get('ttft_p99_ratio_c16_precision') or 'n/a'}): {_fmt(r.get('ttft_p99_ratio_c16'), digits=3)}.
