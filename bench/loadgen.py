@@ -54,21 +54,38 @@ def _one(session, url, headers, body, stream, timeout, cid) -> Record:
     try:
         with session.post(url, json=body, headers=headers, stream=True, timeout=timeout) as r:
             rec.status = r.status_code
-            last = None
+            usage = None
             for line in r.iter_lines():
-                if not line:
+                if not line or line.startswith(b":"):  # an SSE comment (keep-alive)
                     continue
                 now = time.perf_counter()
-                rec.first = rec.first or now
-                rec.chunks.append(now)
-                last = json.loads(line)
+                event, content = _event(line)
+                if event is None:
+                    continue
+                usage = event.get("usage") or usage
+                if content:
+                    rec.first = rec.first or now
+                    rec.chunks.append(now)
             rec.end = time.perf_counter()
-            if r.status_code == 200 and last is not None:
-                rec.completion_tokens = last.get("usage", {}).get("completion_tokens", 0)
+            if r.status_code == 200 and usage is not None:
+                rec.completion_tokens = usage.get("completion_tokens", 0)
     except (requests.RequestException, ValueError) as err:
         rec.error = f"{type(err).__name__}: {err}"
         rec.end = time.perf_counter()
     return rec
+
+
+def _event(line: bytes) -> tuple[dict | None, bool]:
+    """(the JSON object, whether it carries content) of one line: NDJSON (native API: every line
+    counts) or an OpenAI server-sent event (content: a choice with text; [DONE] is no event)."""
+    if not line.startswith(b"data:"):
+        return json.loads(line), True
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        return None, False
+    event = json.loads(payload)
+    texts = [c.get("text") or (c.get("delta") or {}).get("content") for c in event.get("choices") or []]
+    return event, any(texts)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -87,7 +104,7 @@ def summarize(records: list[Record]) -> dict:
     itl = [b - a for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
     e2e = [r.end - r.start for r in ok]
     tokens = sum(r.completion_tokens for r in ok)
-    out = {"requests": len(records), "errors": len(records) - len(ok), "duration_s": duration,
+    out = {"requests": len(records), "errors": len(records) - len(ok), "duration_s": duration, "output_tokens": tokens,
            "request_throughput": len(ok) / duration, "output_tokens_per_s": tokens / duration}
     for name, vals in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         out[f"{name}_p50_s"] = percentile(vals, 0.5)

