@@ -230,8 +230,8 @@ def choose_path(plat: Platform, device_type: str, dtype: str, packed: str, cuda_
 
 
 def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
-    """cfg with `auto` replaced by this machine's choice (idempotent; `quantization: auto` by the
-    checkpoint's: gguf when it has a GGUF file), and the path label
+    """cfg with `auto` replaced by this machine's choice (idempotent; `quantization: auto` is gguf
+    when the checkpoint has a GGUF file and this is an x86-64 CPU, else none), and the path label
     "<profile>/<dtype>/packed-<packing>[/<quantization>]" the worker logs and exports. Raises PlatformError when
     an explicit choice cannot run here."""
     import torch
@@ -243,8 +243,9 @@ def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
     plat = current() if device_type == "cpu" else detect()
     chosen = choose_path(plat, device_type, cfg.dtype, cfg.packed_weights, cuda_bf16)
     quantization = cfg.quantization
-    if quantization == "auto":  # keep the source's precision
-        quantization = "gguf" if find_gguf(cfg.checkpoint_dir) is not None else "none"
+    if quantization == "auto":  # the source's precision, where the quantized kernels are vectorized (x86-64 CPUs)
+        fast = device_type == "cpu" and plat.profile.arch == "x86_64"
+        quantization = "gguf" if fast and find_gguf(cfg.checkpoint_dir) is not None else "none"
     resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed, quantization=quantization)
     label = chosen.label(plat.profile) if device_type == "cpu" else f"{device_type}/{chosen.dtype}"
     if quantization != "none":

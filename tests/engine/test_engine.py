@@ -18,7 +18,9 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine(default_checkpoint):
-    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=256)
+    # the float weights (quantization: none), as transformers reads them
+    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=256,
+                       quantization="none")
     return build_engine(cfg).engine
 
 

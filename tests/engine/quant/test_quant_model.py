@@ -92,3 +92,21 @@ def _write_gguf_of(model, path, gguf):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_checkpoint(default_checkpoint):
+    """The default checkpoint's float weights are its Q4_1 GGUF, dequantized and stored in bf16: the
+    GGUF served as stored gives the same next tokens, with logits within bf16's rounding of the weights."""
+    def build(quantization):
+        return build_engine(EngineConfig(default_checkpoint, dtype="float32", compile="eager", quantization=quantization,
+                                         max_batch_size=2, max_seq_len=128, packed_weights="off"))
+
+    served, plain = build("auto"), build("none")
+    assert served.path.endswith("/gguf")
+    assert served.model.output.quantized.bits == 8  # the head is the GGUF's Q8_0 embedding
+    assert served.model.layers[0].feed_forward.w2.quantized.bits == 4  # projections are Q4_1
+    for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
+        tokens = torch.tensor([served.engine.tokenizer.encode(prompt)])
+        a, b = _logits(served.model, tokens), _logits(plain.model, tokens)
+        assert a.argmax() == b.argmax(), prompt
+        assert (a - b).abs().max() < 0.5, (prompt, (a - b).abs().max())
