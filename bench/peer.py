@@ -6,8 +6,9 @@ against both systems' /v1/completions, one system at a time.
     .venv/bin/python bench/peer.py --precisions int4      # one pair
     .venv/bin/python bench/peer.py --build-only           # build llama.cpp (once, cached) and stop
 
-Pairs: ours `quantization: none` (bf16 weights) with llama.cpp BF16, `int8` with Q8_0, `int4` with
-Q4_1. llama.cpp is built once from the tree vendored in the llama-cpp-python sdist (see
+Pairs serve the same file on both sides: ours `quantization: none` (the bf16 checkpoint, which is
+the Q4_1 file dequantized) with llama.cpp BF16; ours `quantization: gguf` with the Q8_0 file
+beside the checkpoint with llama.cpp Q8_0, and with the Q4_1 file with llama.cpp Q4_1. llama.cpp is built once from the tree vendored in the llama-cpp-python sdist (see
 bench/peer_llamacpp.py; 15-40 minutes on 2 cores) and cached with the GGUFs under
 $XDG_CACHE_HOME/ts-llm/llama.cpp. Writes docs/results/peer.json (+ raw per-request records),
 docs/results/peer.png and the llama.cpp section of docs/benchmarks.md.
@@ -33,9 +34,8 @@ from handler.build.model_config import ServingOptions, handler_config  # noqa: E
 from handler.engine import platform  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.torchserve.launch import Ports, free_port, start_torchserve  # noqa: E402
-from handler.typed_config import ConfigError  # noqa: E402
 
-PRECISIONS = {"bf16": "none", "int8": "int8", "int4": "int4"}  # ours' handler `quantization` per precision
+PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
 SYSTEMS = ("ours", "llama.cpp")
 
 
@@ -82,30 +82,25 @@ def measure(system: str, precision: str, url: str, headers: dict, args) -> list[
     return runs
 
 
-def ours_options(precision: str, checkpoint: Path, args) -> tuple[ServingOptions, str | None]:
-    """bench/serve.py's options with `quantization` set; checked here, so a config the handler refuses
-    fails in a second, not in a worker. bf16 drops the key (today's default) where it is unknown."""
+def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> Path:
+    """The default checkpoint with the pair's GGUF beside it (linked, not copied): under
+    quantization: gguf ours serves exactly llama.cpp's file."""
+    out = tmp / f"checkpoint-{precision}"
+    out.mkdir()
+    for f in checkpoint.iterdir():
+        if f.is_file() and f.suffix != ".gguf":
+            os.link(f, out / f.name)
+    if PRECISIONS[precision] == "gguf":
+        os.link(gguf, out / gguf.name)
+    return out
+
+
+def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) -> dict:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision]}
     opts = ServingOptions("continuous", args.batch_size, 10, handler=handler)
-    try:
-        handler_config(opts, checkpoint)
-        return opts, None
-    except ConfigError as err:
-        if precision != "bf16":
-            raise
-        handler = {k: v for k, v in handler.items() if k != "quantization"}
-        opts = ServingOptions("continuous", args.batch_size, 10, handler=handler)
-        handler_config(opts, checkpoint)
-        return opts, f"quantization key refused ({err}); ran without it (bf16 weights)"
-
-
-def sweep_ours(precision: str, checkpoint: Path, args, tmp: Path) -> dict:
-    try:
-        opts, note = ours_options(precision, checkpoint, args)
-    except ConfigError as err:
-        print(f"ours {precision}: refused: {err}", flush=True)
-        return {"error": f"config refused: {err}", "runs": []}
+    checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp)
+    handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker
     store = tmp / f"ours-{precision}" / "model_store"
     build_mar(checkpoint, "llm", store, opts)
     ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", tmp / f"ours-{precision}" / "work",
@@ -117,7 +112,7 @@ def sweep_ours(precision: str, checkpoint: Path, args, tmp: Path) -> dict:
         runs = measure("ours", precision, url, ts.headers(), args)
     finally:
         ts.stop()
-    return {"handler": opts.handler, "note": note, "runs": runs}
+    return {"handler": opts.handler, "gguf": gguf.name if PRECISIONS[precision] == "gguf" else None, "runs": runs}
 
 
 def sweep_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
@@ -170,7 +165,7 @@ def main() -> None:
         for precision in args.precisions:
             pairs[precision] = {}
             if "ours" in args.systems:
-                pairs[precision]["ours"] = sweep_ours(precision, checkpoint, args, Path(tmp))
+                pairs[precision]["ours"] = sweep_ours(precision, checkpoint, ggufs[precision], args, Path(tmp))
             if "llama.cpp" in args.systems:
                 pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs[precision], args, Path(tmp))
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "versions": versions(),
@@ -227,8 +222,6 @@ def markdown(r: dict, argv: str) -> str:
                 rows.append(f"| {precision} | {system} | {x['concurrency']} | {x['requests']} | {x['errors']} | "
                             f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
                             f"{_fmt(ratio) if system == 'ours' else ''} |")
-    notes = "".join(f"\n\nours {p}: {pair['ours']['note']}." for p, pair in r["pairs"].items()
-                    if (pair.get("ours") or {}).get("note"))
     v, ll = r["versions"], r["llama_cpp"]
     ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
     return f"""## Side by side with llama.cpp (llama-server)
@@ -236,8 +229,8 @@ def markdown(r: dict, argv: str) -> str:
 Command: `.venv/bin/python bench/peer.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), {v['machine']},
 CPU profile {v.get('cpu_profile')}. The same weights on both sides: the default model's Q4_1 GGUF, and BF16 / Q8_0
-files requantized from it by `llama-quantize`; ours `quantization: none` (bf16) / `int8` / `int4` from the same
-checkpoint. Both get the same streamed `/v1/completions` requests, one system at a time: greedy,
+files requantized from it by `llama-quantize`; ours serves the bf16 checkpoint (`quantization: none`; it is the Q4_1
+file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serves (`quantization: gguf`). Both get the same streamed `/v1/completions` requests, one system at a time: greedy,
 {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
 *ours*: continuousBatching, batchSize {r['batch_size']}, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
@@ -245,7 +238,7 @@ checkpoint. Both get the same streamed `/v1/completions` requests, one system at
 
 | precision | system | clients | requests | errors | output tok/s | TTFT p50/p99 s | ours / llama.cpp tok/s |
 |---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}{notes}
+{chr(10).join(rows)}
 
 Throughput ratio ours / llama.cpp at 1 / 16 clients: {ratio_line}. p99 TTFT ratio at 16 clients (ours / llama.cpp,
 {r.get('ttft_p99_ratio_c16_precision') or 'n/a'}): {_fmt(r.get('ttft_p99_ratio_c16'), digits=3)}.
