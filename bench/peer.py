@@ -67,6 +67,9 @@ def bodies(n: int, args, system: str) -> list[dict]:
 
 
 def measure(system: str, precision: str, url: str, headers: dict, args) -> list[dict]:
+    # A connection per request, for both: llama-server closes idle keep-alive connections, and a POST
+    # sent on one it just closed fails (RemoteDisconnected) without ever reaching it.
+    headers = {**headers, "Connection": "close"}
     run_load(url, headers, bodies(2, args, system), 1, stream=True)  # warm-up, not recorded
     runs = []
     for conc, n in zip(args.concurrency, args.requests):
@@ -234,7 +237,7 @@ file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serv
 {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
 *ours*: continuousBatching, batchSize {r['batch_size']}, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
-`cache_prompt: false` (ours keeps no prompt cache). TTFT = first streamed content.
+`cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.
 
 | precision | system | clients | requests | errors | output tok/s | TTFT p50/p99 s | ours / llama.cpp tok/s |
 |---|---|---|---|---|---|---|---|
