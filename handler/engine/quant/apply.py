@@ -34,8 +34,7 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
     gguf = GGUFWeights(ckpt.gguf) if cfg.quantization == "gguf" else None
     for name, linear in projections(model):
         if gguf is not None:
-            layer, _, kind = name.partition(".")[2].partition(".") if name.startswith("layers.") else (None, "", name)
-            w = gguf.projection(kind, model.args, None if layer is None else int(layer))
+            w = gguf.projection(name, model.args)
             if name == "layers.0.attention.wo":
                 _check_same_model(w, linear.weight, gguf)
         elif cfg.quantization == "int8":

@@ -31,8 +31,12 @@ class GGUFWeights:
         self.path = path
         self._tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
 
-    def projection(self, name: str, args: ModelArgs, layer: int | None = None) -> QuantizedWeight:
-        """`name` is the engine's: attention.wqkv, attention.wo, feed_forward.w13, feed_forward.w2, output."""
+    def projection(self, module: str, args: ModelArgs) -> QuantizedWeight:
+        """`module` is the engine's Linear: layers.<i>.attention.wqkv / .wo, layers.<i>.feed_forward.w13 /
+        .w2, or output."""
+        if module == "output":  # tied models have no output.weight: the head is the embedding
+            return self._take("output.weight" if "output.weight" in self._tensors else "token_embd.weight")
+        _, layer, name = module.split(".", 2)
         blk = f"blk.{layer}."
         if name == "attention.wqkv":
             q = self._take(blk + "attn_q.weight").rows(_unpermute(args.n_heads, args.head_dim))
@@ -40,8 +44,6 @@ class GGUFWeights:
             return cat_rows([q, k, self._take(blk + "attn_v.weight")])
         if name == "feed_forward.w13":
             return cat_rows([self._take(blk + "ffn_gate.weight"), self._take(blk + "ffn_up.weight")])
-        if name == "output":  # tied models have no output.weight: the head is the embedding
-            return self._take("output.weight" if "output.weight" in self._tensors else "token_embd.weight")
         return self._take(blk + {"attention.wo": "attn_output.weight", "feed_forward.w2": "ffn_down.weight"}[name])
 
     def embedding(self) -> QuantizedWeight:
