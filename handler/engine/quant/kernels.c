@@ -270,13 +270,12 @@ MICRO(1)
 MICRO(2)
 MICRO(3)
 
-static void dot_rows(const float *x, const float *w, float *y, int64_t rows, int64_t K, int64_t ldy) {
+static void dot_rows(const float *x, const float *w, float *y, int64_t rows, int64_t K) {
     for (int64_t r = 0; r < rows; r++) {
         f8 acc = {0};
         for (int64_t k = 0; k < K; k += 8) acc = fma8(load8(x + k), load8(w + r * K + k), acc);
         y[r] = hsum(acc);
     }
-    (void)ldy;
 }
 
 static void gemm(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
@@ -302,7 +301,7 @@ static void gemm(int bits, const float *x, const uint8_t *q, const uint16_t *d, 
                     else if (mb == 2) micro_2(xi, buf + r * K, yi + r, K, N);
                     else micro_1(xi, buf + r * K, yi + r, K, N);
                 }
-                for (int64_t j = 0; j < mb; j++) dot_rows(xi + j * K, buf + r * K, yi + j * N + r, rows - r, K, N);
+                for (int64_t j = 0; j < mb; j++) dot_rows(xi + j * K, buf + r * K, yi + j * N + r, rows - r, K);
             }
         }
         free(buf);

@@ -110,3 +110,52 @@ def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_c
         a, b = _logits(served.model, tokens), _logits(plain.model, tokens)
         assert a.argmax() == b.argmax(), prompt
         assert (a - b).abs().max() < 0.5, (prompt, (a - b).abs().max())
+
+
+def _copy(tiny_checkpoint, tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt_dir)
+    return ckpt_dir
+
+
+def _eager(ckpt_dir, quantization="auto"):
+    return EngineConfig(ckpt_dir, dtype="float32", compile="eager", quantization=quantization, max_batch_size=2,
+                        max_seq_len=64, packed_weights="off")
+
+
+def test_gguf_without_a_gguf_file_says_so(tiny_checkpoint):
+    from handler.engine.quant.layout import QuantizationError
+
+    with pytest.raises(QuantizationError, match=r"quantization: gguf, but checkpoint .* has no \*\.gguf file"):
+        build_engine(_eager(tiny_checkpoint, "gguf"))
+
+
+def test_a_gguf_of_another_model_is_refused(tiny_checkpoint, tmp_path):
+    from handler.engine.quant.layout import QuantizationError
+
+    gguf = pytest.importorskip("gguf")
+    ckpt_dir = _copy(tiny_checkpoint, tmp_path)
+    other = load_model(open_checkpoint(ckpt_dir), torch.float32)
+    with torch.no_grad():
+        for _, linear in projections(other):
+            linear.weight.normal_(std=0.05)  # same shapes, other values
+    _write_gguf_of(other, ckpt_dir / "other.Q8_0.gguf", gguf)
+    with pytest.raises(QuantizationError, match="does not hold the same model as the float checkpoint"):
+        build_engine(_eager(ckpt_dir))
+
+
+def test_two_gguf_files_are_refused(tiny_checkpoint, tmp_path):
+    from handler.engine.checkpoint import CheckpointError
+
+    ckpt_dir = _copy(tiny_checkpoint, tmp_path)
+    (ckpt_dir / "a.gguf").write_bytes(b"")
+    (ckpt_dir / "b.gguf").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="has 2 GGUF files"):
+        open_checkpoint(ckpt_dir)
+
+
+@pytest.mark.parametrize("field,value,message", [("quantization", "int3", "quantization must be one of"),
+                                                 ("group_size", 48, "group_size must be a positive multiple of 32")])
+def test_bad_quantization_settings_are_refused(tiny_checkpoint, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(tiny_checkpoint, **{field: value})
