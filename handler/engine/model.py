@@ -49,9 +49,9 @@ class Linear(nn.Linear):
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
 
-    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight and
-    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which streams the
-    quantized bytes, or uses the packed copy (of the dequantized weight) for many rows."""
+    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight,
+    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which reads the quantized
+    bytes at any row count, and pack() keeps no copy."""
 
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
 
@@ -67,12 +67,9 @@ class Linear(nn.Linear):
         return None if q is None else QuantizedWeight(q, self._buffers["d"], self._buffers["m"])
 
     def pack(self, dtype: torch.dtype) -> None:
-        w = self.quantized
-        if w is None:
+        if self.quantized is None:
             packed.pack(self.weight, dtype)
-        else:  # keyed by q, which the op is given
-            packed.pack(w.q, dtype, source=quant_ops.dequantize(w))
-        self.packed_dtype = dtype
+            self.packed_dtype = dtype
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.quantized

@@ -31,18 +31,16 @@ PACK_ROWS = 16  # the row count oneDNN picks its blocking for; measured fast fro
 _packed: dict[int, tuple[torch.Size, Tensor]] = {}
 
 
-def pack(weight: Tensor, dtype: torch.dtype, source: Tensor | None = None) -> None:
+def pack(weight: Tensor, dtype: torch.dtype) -> None:
     """Make packed_linear(x, weight) use a copy of `weight` (2-D, [N, K]) packed in `dtype`,
     which must be one oneDNN has kernels for on this CPU (the platform decides). The copy is
     taken now: pack after the weights are loaded, and again never (in-place changes to the
-    weight later would not reach it). `source`: the float [N, K] to pack when `weight` is only
-    the key (a quantized weight's bytes, [N, *])."""
+    weight later would not reach it)."""
     key = weight.data_ptr()
     if key in _packed:
         return
-    dense = weight if source is None else source
     with torch.no_grad():
-        _packed[key] = weight.shape, torch.ops.mkldnn._reorder_linear_weight(dense.detach().to(dtype), PACK_ROWS)
+        _packed[key] = weight.shape, torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), PACK_ROWS)
     weakref.finalize(weight, _packed.pop, key, None)
 
 

@@ -49,7 +49,7 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
         embedding = model.tok_embeddings.weight
         model.tok_embeddings.weight = torch.nn.Parameter(ops.dequantize(gguf.embedding()).to(embedding.dtype),
                                                          requires_grad=False)
-    kernel.quantized_linear()  # built now (~1 s), not during the first request
+    kernel.load()  # built now (~15 s the first time on a machine), not during the first request
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
 
 

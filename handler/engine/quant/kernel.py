@@ -1,15 +1,19 @@
-"""The CPU kernels of kernels.c, built once per process with Inductor's C++ toolchain.
+"""The CPU kernels (kernels.c) and the op's C++ entry (torch_op.cpp), built and loaded once per
+process with Inductor's C++ toolchain; loading registers ts_llm::quantized_linear's CPU kernel.
 
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
-AVX2 machine and AVX-512 where the profile allows it; the build (~1 s) lands in Inductor's kernel
-cache, keyed by source and flags, and is reused from there."""
+AVX2 machine and AVX-512 where the profile allows it. The build (~15 s, most of it torch's headers)
+lands in Inductor's kernel cache, keyed by source and flags, and is reused from there."""
 from __future__ import annotations
 
-import ctypes
 import functools
+import logging
+import time
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("kernels.c")
+log = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("torch_op.cpp"))
 
 
 class KernelBuildError(RuntimeError):
@@ -17,19 +21,18 @@ class KernelBuildError(RuntimeError):
 
 
 @functools.cache
-def quantized_linear() -> ctypes._CFuncPtr:
-    """ts_llm_quantized_linear(bits, x, q, d, m, y, M, N, K, G, threads); see kernels.c."""
+def load() -> None:
+    """Build (or find in the cache) and load the kernels: from then on the op runs on CPU tensors."""
     from torch._inductor.codecache import CppCodeCache
 
     from handler.engine import platform
+    from handler.engine.quant import ops  # noqa: F401  the op's schema, which the library implements
 
     platform.current()  # applies the profile's -march before anything is compiled
+    start = time.perf_counter()
     try:
-        lib = CppCodeCache.load(SOURCE.read_text(), needs_vec_isa=True)  # the profile's vector ISA flags
+        # needs_vec_isa: the profile's vector ISA flags
+        CppCodeCache.load("\n".join(p.read_text() for p in SOURCES), needs_vec_isa=True)
     except Exception as err:  # Inductor raises its own CppCompileError (and OSError without a compiler)
-        raise KernelBuildError(f"building the quantized kernels ({SOURCE.name}) failed: {err}") from err
-    fn = lib.ts_llm_quantized_linear
-    fn.restype = None
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-    return fn
+        raise KernelBuildError(f"building the quantized kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
+    log.info("quantized kernels loaded in %.1f s", time.perf_counter() - start)

@@ -1,11 +1,12 @@
 """ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels.c: one row (8-block
-loop and the tail), several rows (3x4 tiles and edges), and the packed copy for many rows."""
+loop and the tail), several rows (3x4 tiles and edges), and the checks that keep bad tensors out of C."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from handler.engine import packed
 from handler.engine.quant import ops
 from handler.engine.quant.layout import QuantizedWeight
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
@@ -60,18 +61,6 @@ def test_zero_rows():
     assert ops.quantized_linear(torch.randn(0, 64), w).shape == (0, 8)
 
 
-def test_many_rows_use_the_packed_copy_when_there_is_one():
-    w = _weights(8, 24, 128, 128)
-    x = torch.randn(ops.PACKED_MIN_ROWS + 3, 128)
-    direct = ops.quantized_linear(x, w)
-    packed.pack(w.q, torch.float32, source=ops.dequantize(w))
-    assert packed.has_copy(w.q)
-    via_copy = ops.quantized_linear(x, w)
-    _check(via_copy, x, w)
-    _check(direct, x, w)
-    assert not torch.equal(direct, via_copy)  # the two paths round differently: the copy was used
-
-
 def test_an_all_zero_block_of_x():
     w = _weights(4, 8, 256, 32)
     x = torch.randn(1, 256)
@@ -87,3 +76,23 @@ def test_compiled_graph_calls_the_op():
 
     x = torch.randn(3, 256)
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x))
+
+
+def test_many_rows_read_the_quantized_bytes_too():
+    w = _weights(8, 24, 128, 128)
+    x = torch.randn(200, 128)
+    _check(ops.quantized_linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda x, q, d, m: (x.double(), q, d, m), "x must be float32"),
+    (lambda x, q, d, m: (x, q[:, :16].contiguous(), d, m), "does not fit x"),
+    (lambda x, q, d, m: (x, q, d.float(), m), "d must be contiguous float16"),
+    (lambda x, q, d, m: (x, q, d, None), "m (float16, shaped like d) is needed for int4"),
+])
+def test_bad_tensors_are_refused_before_the_kernel_reads_them(change, message):
+    w = _weights(4, 8, 64, 32)
+    ops.quantized_linear(torch.randn(1, 64), w)  # loads the kernels
+    x, q, d, m = change(torch.randn(1, 64), w.q, w.d, w.m)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.ops.ts_llm.quantized_linear(x, q, d, m)
