@@ -7,6 +7,7 @@ lands in Inductor's kernel cache, keyed by source and flags, and is reused from 
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import time
 from pathlib import Path
@@ -26,8 +27,8 @@ def load() -> None:
     from torch._inductor.codecache import CppCodeCache
 
     from handler.engine import platform
-    from handler.engine.quant import ops  # noqa: F401  the op's schema, which the library implements
 
+    importlib.import_module("handler.engine.quant.ops")  # defines the op's schema, which the library implements
     platform.current()  # applies the profile's -march before anything is compiled
     start = time.perf_counter()
     try:
