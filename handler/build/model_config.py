@@ -12,8 +12,10 @@ from handler.typed_config import ConfigError, choices
 
 @dataclass(frozen=True)
 class ServingOptions:
-    batching: Literal["continuous", "dynamic"] = "continuous"  # "dynamic": batchSize/maxBatchDelay
-    batch_size: int = 16  # requests decoded together (continuous) or one batch's size (dynamic)
+    # "continuous": TorchServe's continuousBatching; "async": asyncCommunication (the worker's own
+    # engine loop); "dynamic": batchSize/maxBatchDelay
+    batching: Literal["continuous", "async", "dynamic"] = "continuous"
+    batch_size: int = 16  # requests decoded together (continuous, async) or one batch's size (dynamic)
     max_batch_delay_ms: int = 10
     workers: int = 1
     response_timeout_s: int = 600
@@ -23,7 +25,8 @@ class ServingOptions:
 
     def __post_init__(self):
         if self.batching not in choices(ServingOptions, "batching"):
-            raise ConfigError(f"batching must be 'continuous' or 'dynamic', got {self.batching!r}")
+            raise ConfigError(f"batching must be one of {', '.join(choices(ServingOptions, 'batching'))}, "
+                              f"got {self.batching!r}")
 
 
 def model_config(opts: ServingOptions) -> dict:
@@ -37,10 +40,14 @@ def model_config(opts: ServingOptions) -> dict:
         "jobQueueSize": opts.job_queue_size,
         "handler": dict(opts.handler),
     }
-    if opts.batching == "continuous":
-        cfg["continuousBatching"] = True
     # The engine needs a slot for every request TorchServe may send at once.
     cfg["handler"].setdefault("max_batch_size", max(opts.batch_size, 1))
+    if opts.batching == "continuous":
+        cfg["continuousBatching"] = True
+    elif opts.batching == "async":
+        # The frontend hands over requests one by one; the engine's slots batch them.
+        cfg["asyncCommunication"] = True
+        cfg["batchSize"] = 1
     return cfg
 
 

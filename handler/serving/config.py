@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from handler import typed_config
 from handler.engine.config import EngineConfig
@@ -40,7 +41,9 @@ class HandlerConfig:
     # cache directory (default_cache_dir).
     compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
-    continuous_batching: bool = True  # mirrors TorchServe's top-level continuousBatching key
+    # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->
+    # "continuous", neither -> "dynamic" (batchSize/maxBatchDelay).
+    batching: Literal["continuous", "async", "dynamic"] = "continuous"
 
     @classmethod
     def from_model_yaml(cls, model_yaml: dict | None, model_dir: Path, gpu_id: int | None = None,
@@ -55,12 +58,18 @@ class HandlerConfig:
         section = {**section, **_legacy_packing(section)}
         values = {k: v for k, v in section.items() if k in _OWN_KEYS}
         values["engine"] = _engine(section, Path(model_dir), gpu_id)
-        values["continuous_batching"] = bool(model_yaml.get("continuousBatching", False))
+        values["batching"] = batching_mode(model_yaml)
         if values.get("compile_cache_dir") is None:
             values["compile_cache_dir"] = default_cache_dir(os.environ if environ is None else environ)
         cfg = typed_config.parse(cls, values, MODEL_CONFIG_FILE, SECTION)
         _check_limits(cfg, int(model_yaml.get("batchSize", 1)))
         return cfg
+
+
+def batching_mode(model_yaml: Mapping) -> str:
+    if model_yaml.get("asyncCommunication"):
+        return "async"
+    return "continuous" if model_yaml.get("continuousBatching") else "dynamic"
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> str | None:
@@ -101,6 +110,6 @@ def _legacy_packing(section: dict) -> dict:
 
 
 _ENGINE_KEYS = frozenset(typed_config.field_names(EngineConfig)) - {"checkpoint_dir"}  # `checkpoint` names it
-_OWN_KEYS = frozenset(typed_config.field_names(HandlerConfig)) - {"engine", "continuous_batching"}
+_OWN_KEYS = frozenset(typed_config.field_names(HandlerConfig)) - {"engine", "batching"}
 # Every key a user may write in the section.
 SECTION_KEYS = tuple(sorted(_ENGINE_KEYS | _OWN_KEYS | {"checkpoint"}))

@@ -65,6 +65,12 @@ class Formatter:
             out += "data: [DONE]\n\n"
         return out
 
+    def error_event(self, message: str) -> str:
+        """The last piece of a stream cut by a server fault (its 200 was sent with the first piece):
+        an error object where the client reads pieces, as OpenAI-compatible servers send it."""
+        body = error_body(message, 500)
+        return body + "\n" if self.api == "native" else f"data: {body}\n\n"
+
     def _envelope(self, kind: str, choices: list) -> dict:
         prefix = "chatcmpl-" if kind.startswith("chat") else "cmpl-"
         return {"id": prefix + self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}

@@ -5,6 +5,7 @@ everything else is imported from the installed `handler` package.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.metrics import TorchServeSink
+from handler.serving.loop_service import Delivery, LoopService
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
 
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 class LLMHandler(BaseHandler):
     def __init__(self):
         super().__init__()
-        self.service: ContinuousService | DynamicService | None = None
+        self.service: ContinuousService | DynamicService | LoopService | None = None
 
     def initialize(self, context):
         props = context.system_properties
@@ -51,12 +53,16 @@ class LLMHandler(BaseHandler):
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
-        service_cls = ContinuousService if cfg.continuous_batching else DynamicService
+        service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
         flag = Path(cfg.drain_flag_file) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=lambda: flag is not None and flag.exists())
+        if isinstance(self.service, LoopService):
+            self.service.start()
         self.initialized = True
 
     def handle(self, data, context):
+        if isinstance(self.service, LoopService):
+            return self._handle_async(data, context)  # asyncCommunication: TorchServe awaits it
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
         batch = [_incoming(i, row, context) for i, row in enumerate(data)]
@@ -72,6 +78,19 @@ class LLMHandler(BaseHandler):
                 self.service.live.pop(inc.request_id, None)
             raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
         return _apply(replies, context, continuous=isinstance(self.service, ContinuousService))
+
+    async def _handle_async(self, data, context) -> list[str]:
+        # Each request goes to the engine thread, which sends its streamed pieces itself; the
+        # last reply comes back here and TorchServe sends it (ending the stream).
+        loop = asyncio.get_running_loop()
+        finals = []
+        for idx, row in enumerate(data):
+            final = loop.create_future()
+            finals.append(final)
+            delivery = Delivery(piece=lambda reply, i=idx: _send_partial({i: reply}, context),
+                                done=lambda reply, f=final: loop.call_soon_threadsafe(f.set_result, reply))
+            self.service.submit(_incoming(idx, row, context), delivery)
+        return _apply(list(await asyncio.gather(*finals)), context, continuous=False)
 
 
 def _incoming(idx: int, row: dict, context) -> Incoming:
@@ -98,6 +117,8 @@ def _criterion(more: bool | None):
 
 
 def _send_partial(partial: dict[int, Reply], context) -> None:
+    for idx, reply in partial.items():
+        context.set_response_content_type(idx, reply.content_type)
     ids = {idx: context.request_ids[idx] for idx in partial}
     bodies = [partial[idx].body if idx in partial else "" for idx in range(len(context.request_ids))]
     send_intermediate_predict_response(bodies, ids, "Intermediate Prediction success", 200, context)

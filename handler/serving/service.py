@@ -3,7 +3,8 @@
 `ContinuousService` is driven once per TorchServe `handle` call in continuousBatching mode: the
 frontend sends every live request each call (a continuing one with no body), we run one engine
 step, and answer each with the next piece. `DynamicService` serves a batch to completion
-(batchSize/maxBatchDelay mode), streaming through an injected callback.
+(batchSize/maxBatchDelay mode), streaming through an injected callback. The third mode,
+asyncCommunication, is loop_service.LoopService on this module's BaseService.
 
 Transport rules come from TorchServe 0.12.0's frontend:
 - HTTP: a reply marked `more=True` opens a chunked response; `more=False` ends it; `more=None` is
@@ -55,7 +56,7 @@ class Live:
     usage: tuple[int, int] = (0, 0)
 
 
-class _Base:
+class BaseService:
     def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
                  draining: Callable[[], bool] = lambda: False):
         self.engine, self.limits, self.metrics, self.clock = engine, limits, metrics, clock
@@ -118,7 +119,7 @@ class _Base:
         return live.fmt.whole("".join(live.text), live.finish_reason, *live.usage)
 
 
-class ContinuousService(_Base):
+class ContinuousService(BaseService):
     def handle(self, batch: list[Incoming]) -> list[Reply]:
         present = {inc.request_id for inc in batch}
         for gone in [rid for rid in self.live if rid not in present]:
@@ -155,7 +156,7 @@ class ContinuousService(_Base):
         return Reply(body, content_type=ctype, more=not done)
 
 
-class DynamicService(_Base):
+class DynamicService(BaseService):
     """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
 
     def handle(self, batch: list[Incoming], send_partial: Callable[[dict[int, Reply]], None]) -> list[Reply]:

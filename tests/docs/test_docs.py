@@ -30,7 +30,7 @@ def squash(text: str) -> str:
 
 # ---- settings ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [*SECTION_KEYS, "continuous_batching"])
+@pytest.mark.parametrize("name", [*SECTION_KEYS, "batching"])
 def test_every_handler_key_is_documented(name: str) -> None:
     assert f"`{name}`" in CONFIGURATION.read_text(), f"handler.{name} is missing from docs/configuration.md"
 

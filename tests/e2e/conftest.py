@@ -52,6 +52,12 @@ def dynamic_server(tmp_path_factory, default_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def async_server(tmp_path_factory, default_checkpoint):
+    """asyncCommunication mode, eager: the worker's own engine loop."""
+    yield from running_server(tmp_path_factory.mktemp("ts_async"), default_checkpoint, "async", "eager", 300)
+
+
+@pytest.fixture(scope="session")
 def grpc_stubs(tmp_path_factory):
     import sys
 

@@ -14,7 +14,14 @@ def parse(model_yaml, gpu_id=None, environ=None):
 
 def test_defaults_and_batching_mode_from_the_frontend_key():
     cfg = parse({"continuousBatching": True, "batchSize": 8, "handler": {"dtype": "float32"}})
-    assert cfg.continuous_batching and cfg.engine.dtype == "float32" and cfg.engine.max_batch_size == 32
+    assert cfg.batching == "continuous" and cfg.engine.dtype == "float32" and cfg.engine.max_batch_size == 32
+
+
+@pytest.mark.parametrize("keys,mode", [({"asyncCommunication": True}, "async"),
+                                       ({"asyncCommunication": True, "continuousBatching": True}, "async"),
+                                       ({}, "dynamic")])
+def test_batching_mode_follows_torchserve_s_keys(keys, mode):
+    assert parse(keys).batching == mode
 
 
 def test_engine_keys_go_to_the_engine_and_the_rest_stay():
@@ -29,7 +36,7 @@ def test_unknown_key_is_rejected_with_the_allowed_list():
 
 def test_the_allowed_keys_are_the_flat_section():
     assert "checkpoint" in SECTION_KEYS and "dtype" in SECTION_KEYS and "served_model_name" in SECTION_KEYS
-    assert not {"engine", "checkpoint_dir", "continuous_batching"} & set(SECTION_KEYS)
+    assert not {"engine", "checkpoint_dir", "batching"} & set(SECTION_KEYS)
 
 
 def test_wrong_type_is_rejected():

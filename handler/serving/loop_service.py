@@ -1,0 +1,114 @@
+"""The engine stepped by a thread of its own, for TorchServe's asyncCommunication mode.
+
+In continuous mode every decode step is a round trip through TorchServe's frontend (the worker
+answers one step for every live request, the frontend sends them all back for the next); at one
+client that cost ~7 ms of a ~34 ms token on the 2-core machine. In async mode the frontend hands
+each request to the worker once and the worker answers when it likes: here a thread admits what
+arrived between two steps, steps the engine and hands every request's pieces to its `Delivery`
+(which writes them to TorchServe's socket, from this thread).
+
+Requests beyond the engine's slots wait in arrival order. The frontend sends nothing when a
+client goes away, so a request runs to its own end (bounded by its max_new_tokens).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from handler.serving.formats import error_body
+from handler.serving.service import BaseService, Incoming, Reply
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where one request's replies go; both are called from the engine thread."""
+    piece: Callable[[Reply], None]  # a streamed piece of an HTTP response (more=True)
+    done: Callable[[Reply], None]  # the last reply, exactly once: whole (more=None) or the stream's end
+
+
+class LoopService(BaseService):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._inbox: queue.SimpleQueue[tuple[Incoming, Delivery]] = queue.SimpleQueue()
+        self._waiting: deque[tuple[Incoming, Delivery]] = deque()
+        self._deliveries: dict[str, Delivery] = {}
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, inc: Incoming, delivery: Delivery) -> None:
+        """From any thread; the engine thread admits it before its next step."""
+        self._inbox.put((inc, delivery))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        self._inbox.put(None)  # wakes an idle loop
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self.run_once(block=True)
+
+    def run_once(self, block: bool = False) -> None:
+        """Take what arrived (waiting for it when idle and `block`), admit while slots are free,
+        run one step and deliver. Tests call this directly."""
+        self._take(block=block and not self.engine.running and not self._waiting)
+        while self._waiting and self.engine.free_slots:
+            inc, delivery = self._waiting.popleft()
+            if refused := self._admit(inc):
+                delivery.done(refused)
+            else:
+                self._deliveries[inc.request_id] = delivery
+        self.metrics.observe("ts_llm_requests_running", self.engine.running)
+        if not self.engine.running:
+            return
+        try:
+            self._step()
+        except Exception as err:  # the thread's error boundary: fail what was running, keep serving
+            log.exception("generation failed")
+            self._fail_running(f"generation failed: {type(err).__name__}: {err}")
+            return
+        for request_id in list(self._deliveries):
+            self._deliver(request_id)
+
+    def _take(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is not None:
+                    self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _deliver(self, request_id: str) -> None:
+        live, delivery = self.live[request_id], self._deliveries[request_id]
+        ctype = live.fmt.content_type(live.req.stream)
+        if live.finish_reason is not None:
+            del self.live[request_id], self._deliveries[request_id]
+            more = False if live.opened else None
+            delivery.done(Reply(self._whole(live), content_type=ctype, more=more))
+        elif live.http and live.req.stream and live.pending:
+            body, live.pending, live.opened = "".join(live.pending), [], True
+            delivery.piece(Reply(body, content_type=ctype, more=True))
+
+    def _fail_running(self, message: str) -> None:
+        for request_id, delivery in self._deliveries.items():
+            self.engine.cancel(request_id)
+            live = self.live.pop(request_id)
+            self.metrics.observe("ts_llm_request_failure_total", 1, "server_error")
+            # A stream that has started can only be ended; its last event says why.
+            body = live.fmt.error_event(message) if live.opened else error_body(message, 500)
+            status, more = (200, False) if live.opened else (500, None)
+            delivery.done(Reply(body, status, live.fmt.content_type(live.req.stream), more))
+        self._deliveries.clear()
