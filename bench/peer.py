@@ -46,6 +46,8 @@ def parse_args():
     p.add_argument("--requests", type=int, nargs="+", default=[8, 16, 32, 64], help="requests per concurrency level")
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="ours' batchSize and llama-server's -np (parallel slots)")
+    p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
+                   help="ours' batching mode (bench/modes.py compares them)")
     p.add_argument("--max-seq-len", type=int, default=512, help="ours' max_seq_len")
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
@@ -101,12 +103,12 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> 
 def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) -> dict:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision]}
-    opts = ServingOptions("continuous", args.batch_size, 10, handler=handler)
+    opts = ServingOptions(args.batching, args.batch_size, 10, handler=handler)
     checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp)
     handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker
-    store = tmp / f"ours-{precision}" / "model_store"
-    build_mar(checkpoint, "llm", store, opts)
-    ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", tmp / f"ours-{precision}" / "work",
+    run_dir = tmp / f"ours-{precision}-{args.batching}"
+    build_mar(checkpoint, "llm", run_dir / "model_store", opts)
+    ts = start_torchserve(run_dir / "model_store", {"llm": "llm.mar"}, REPO / "config.properties", run_dir / "work",
                           Ports.free())
     try:
         ts.wait_ready("llm", timeout=1800)
@@ -115,7 +117,7 @@ def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) ->
         runs = measure("ours", precision, url, ts.headers(), args)
     finally:
         ts.stop()
-    return {"handler": opts.handler, "gguf": gguf.name if PRECISIONS[precision] == "gguf" else None, "runs": runs}
+    return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if PRECISIONS[precision] == "gguf" else None, "runs": runs}
 
 
 def sweep_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
@@ -172,7 +174,7 @@ def main() -> None:
             if "llama.cpp" in args.systems:
                 pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs[precision], args, Path(tmp))
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "versions": versions(),
-              "batch_size": args.batch_size, "max_seq_len": args.max_seq_len, "concurrency": args.concurrency,
+              "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len, "concurrency": args.concurrency,
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json("peer.json", result)
@@ -235,7 +237,7 @@ CPU profile {v.get('cpu_profile')}. The same weights on both sides: the default 
 files requantized from it by `llama-quantize`; ours serves the bf16 checkpoint (`quantization: none`; it is the Q4_1
 file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serves (`quantization: gguf`). Both get the same streamed `/v1/completions` requests, one system at a time: greedy,
 {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
-*ours*: continuousBatching, batchSize {r['batch_size']}, `max_seq_len` {r['max_seq_len']}, compiled.
+*ours*: `--batching {r.get('batching', 'continuous')}`, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
 `cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.
 

@@ -7,9 +7,10 @@ then loads it in the background and switches between two steps (handler.engine.w
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
 steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
 serving worker keeps the CPU it needs, with the worker's torch thread count (the compiled
-graphs guard on it).
+graphs guard on it). It stops when the worker does (`--parent`): a compile nobody waits for any
+more would hold a core and the cache lock for minutes after `./serve.sh --stop`.
 
-    python -m handler.engine.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR
+    python -m handler.engine.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +35,28 @@ from handler.engine.factory import compile_and_install, prepare_model
 log = logging.getLogger("handler.engine.compile_process")
 
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
+PARENT_POLL_S = 1.0
+EXIT_GRACE_S = 10.0  # after the parent is gone: time for the main thread's cleanup before a hard exit
+
+
+def watch_parent(pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """Interrupt the main thread (SIGINT, whose KeyboardInterrupt runs its `finally` blocks, which
+    remove what it was writing) once `pid` is no longer this process's parent; exit hard if that
+    does not end it."""
+    # Python's own handler: a worker started with SIGINT ignored would pass that on.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(poll_s)
+        log.error("the worker (pid %d) is gone; stopping the compile", pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(EXIT_GRACE_S)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def config_from_json(text: str) -> EngineConfig:
@@ -59,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", required=True, help="the cache key digest the worker looks for")
     p.add_argument("--dest", required=True, type=Path, help="the compile cache dir to install into")
     p.add_argument("--threads", type=int, required=True, help="the worker's torch threads (the graphs guard on them)")
+    p.add_argument("--parent", type=int, help="stop when this process (the worker) is gone")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="compile process: %(levelname)s %(name)s: %(message)s")
+    if args.parent is not None:
+        watch_parent(args.parent)
     os.nice(NICENESS)
     torch.set_num_threads(args.threads)
     log.info(compile_into(config_from_json(args.config), args.key, args.dest))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -251,7 +252,7 @@ def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subpr
     # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
     # needs is kept by the process's lower priority (compiling is mostly one thread anyway).
     cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config_json(cfg), "--key", key.digest(),
-           "--dest", str(dest), "--threads", str(torch.get_num_threads())]
+           "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
     return subprocess.Popen(cmd)
 
 

@@ -2,8 +2,11 @@
 to the compiled ones once the process has installed a verified artifact."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +36,48 @@ def test_a_failed_compile_process_is_a_compile_error():
     process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(CompileError, match=r"exited with code 3"):
         wait_for_compile(process)
+
+
+# A "worker" that starts a watching "compile process" (sleeping in place of compiling) and exits.
+_CHILD = """
+import sys, time
+from pathlib import Path
+from handler.engine.compile_process import watch_parent
+watch_parent(int(sys.argv[1]), poll_s=0.05)
+Path(sys.argv[2]).write_text("started")
+try:
+    time.sleep(60)
+finally:
+    Path(sys.argv[2]).write_text("cleaned up")
+"""
+_PARENT = """
+import os, subprocess, sys, time
+from pathlib import Path
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid()), sys.argv[2]])
+Path(sys.argv[3]).write_text(str(child.pid))
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.05)
+"""
+
+
+def test_the_process_stops_with_its_worker_and_cleans_up(tmp_path):
+    marker, child_pid = tmp_path / "marker", tmp_path / "pid"
+    subprocess.run([sys.executable, "-c", _PARENT, _CHILD, str(marker), str(child_pid)], check=True, timeout=60)
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the compile process outlived its worker"
+    assert marker.read_text() == "cleaned up"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # an exited child of the (gone) parent is reaped by init; a zombie still answers kill(0)
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_the_process_refuses_a_key_it_does_not_compute(cfg, tmp_path):
