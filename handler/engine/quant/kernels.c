@@ -100,19 +100,20 @@ static inline int64_t row_bytes(int bits, int64_t K) { return bits == 8 ? K : K 
 
 /* ---- one x row ---------------------------------------------------------------------------- */
 
-/* One row is rounded to int16 per block of 32 (scale = the block's largest |x| / 32767, so the error
- * is at most 1/65534 of that value: finer than bfloat16's own rounding of x) and each block's
- * sum(q * x) is taken in integers, 16 products per instruction on AVX2 (vpmaddwd), then scaled once:
+/* One row is rounded to int8 per block of 32 (scale = the block's largest |x| / 127, an error of at
+ * most 1/254 of that value per element: how llama.cpp rounds activations for its Q8 dot products)
+ * and each block's sum(q * x) is taken in integers, 32 products per instruction pair on AVX2
+ * (vpmaddubsw, then vpmaddwd to int32), then scaled once:
  *   y[n] = sum_b d[n, b] * sx[b] * sum_k q[n, k] xq[k]  (+ m[n, b] * sum_k x[k] for int4, exact)
- * No overflow: |q| <= 128, |xq| <= 32767, 32 products fit an int32 with room to spare. */
+ * No int16 saturation in vpmaddubsw's pair sums: int4 2 * 15 * 127, int8 2 * 128 * 127 < 32767. */
 typedef struct {
-    int16_t *q;     /* [K] */
+    int8_t *q;      /* [K] */
     float *scale;   /* [K/32] */
     float *sum;     /* [K/32], sum of the unrounded x: the int4 minimum's term */
 } RoundedRow;
 
 static RoundedRow round_row(const float *x, int64_t K) {
-    RoundedRow r = {(int16_t *)malloc(sizeof(int16_t) * K), (float *)malloc(sizeof(float) * (K / BLOCK)),
+    RoundedRow r = {(int8_t *)malloc(K), (float *)malloc(sizeof(float) * (K / BLOCK)),
                     (float *)malloc(sizeof(float) * (K / BLOCK))};
     for (int64_t b = 0; b < K / BLOCK; b++) {
         float amax = 0, sum = 0;
@@ -120,8 +121,8 @@ static RoundedRow round_row(const float *x, int64_t K) {
             amax = fmaxf(amax, fabsf(x[k]));
             sum += x[k];
         }
-        const float scale = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0.0f;
-        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) r.q[k] = (int16_t)lrintf(x[k] * inv);
+        const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) r.q[k] = (int8_t)lrintf(x[k] * inv);
         r.scale[b] = scale;
         r.sum[b] = sum;
     }
@@ -132,22 +133,21 @@ static void free_row(RoundedRow r) { free(r.q); free(r.scale); free(r.sum); }
 
 /* sum(q * xq) over one block of 32 weights, as 8 lanes of partial sums */
 #if defined(__AVX2__)
-static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int16_t *xq) {
-    const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 16));
-    __m256i w0, w1;
-    if (bits == 8) {
-        const int8_t *q = (const int8_t *)row + block * BLOCK;
-        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q));
-        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
-    } else {
+static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int8_t *xq) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)xq), ones = _mm256_set1_epi16(1);
+    __m256i pairs;
+    if (bits == 8) {  /* vpmaddubsw multiplies unsigned by signed: |w| by x with w's sign */
+        const __m256i w = _mm256_loadu_si256((const __m256i *)((const int8_t *)row + block * BLOCK));
+        pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    } else {  /* bytes hold weights j (low nibble) and j + 16 (high): lows then highs is x's order */
         const __m128i b = _mm_loadu_si128((const __m128i *)(row + block * (BLOCK / 2))), nibble = _mm_set1_epi8(0x0F);
-        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(b, nibble));
-        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), nibble));
+        const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), _mm_and_si128(b, nibble));
+        pairs = _mm256_maddubs_epi16(w, x);
     }
-    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1)));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
 }
 #else
-static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int16_t *xq) {
+static inline f8 block_isum(int bits, const uint8_t *row, int64_t block, const int8_t *xq) {
     int32_t lane[8] = {0};
     for (int k = 0; k < BLOCK; k++) {
         const int32_t w = bits == 8 ? ((const int8_t *)row)[block * BLOCK + k]
