@@ -11,8 +11,9 @@
  * Written with GCC vector extensions, not intrinsics: the same source becomes AVX2 or AVX-512
  * code under Inductor's -march for x86 and NEON on aarch64.
  *
- * One row (decode at batch 1) is memory-bound: the quantized bytes are streamed once, four
- * output rows at a time sharing the loaded x, with sum(q * x) per group scaled once (and, for
+ * One row (decode at batch 1): the quantized bytes are streamed once, four output rows at a
+ * time sharing x, which is rounded to int8 per block of 32 so that each block's sum(q * x) is an
+ * integer dot product, scaled once per block (and, for
  * int4, m * sum(x) added from precomputed group sums of x). Several rows reuse each weight: a
  * chunk of output rows is dequantized into a float32 buffer that stays in cache, then multiplied
  * with every x row by a 3 x 4 register-blocked kernel. */
