@@ -7,7 +7,6 @@ lands in Inductor's kernel cache, keyed by source and flags, and is reused from 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import time
 from pathlib import Path
@@ -23,12 +22,12 @@ class KernelBuildError(RuntimeError):
 
 @functools.cache
 def load() -> None:
-    """Build (or find in the cache) and load the kernels: from then on the op runs on CPU tensors."""
+    """Build (or find in the cache) and load the kernels: from then on the op runs on CPU tensors.
+    The op's schema must be defined first (ops.py, whose wrapper and fake call this)."""
     from torch._inductor.codecache import CppCodeCache
 
     from handler.engine import platform
 
-    importlib.import_module("handler.engine.quant.ops")  # defines the op's schema, which the library implements
     platform.current()  # applies the profile's -march before anything is compiled
     start = time.perf_counter()
     try:
