@@ -16,8 +16,8 @@ from ts.utils.util import PredictionException
 from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
-from handler.serving.metrics import TorchServeSink
 from handler.serving.loop_service import Delivery, LoopService
+from handler.serving.metrics import TorchServeSink
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
 
