@@ -44,11 +44,6 @@ def pack(weight: Tensor, dtype: torch.dtype) -> None:
     weakref.finalize(weight, _packed.pop, key, None)
 
 
-def has_copy(weight: Tensor) -> bool:
-    entry = _packed.get(weight.data_ptr())
-    return entry is not None and entry[0] == weight.shape
-
-
 # Registered with the low-level Library API: a CPU kernel only (inference; no autograd wrapper).
 _lib = torch.library.Library("ts_llm", "DEF")
 _lib.define("packed_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
