@@ -23,7 +23,7 @@ COUNTERS = {
 }
 GAUGES = {
     "ts_llm_requests_running": "Count",
-    "ts_llm_batch_occupancy_ratio": "Percent",
+    "ts_llm_batch_occupancy_ratio": "Ratio",  # 0..1, as Prometheus ratios are
     "ts_llm_compile_seconds": "Seconds",
     "ts_llm_engine_info": "Count",  # 1, label path: "<cpu profile>/<dtype>/packed-<packing>"
 }

@@ -92,7 +92,7 @@ class BaseService:
         # One observation per step, not per token: each becomes a log line TorchServe parses.
         self.metrics.observe("ts_llm_generation_tokens_total", sum(len(o.token_ids) for o in outputs))
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
-        self.metrics.observe("ts_llm_batch_occupancy_ratio", 100.0 * len(outputs) / self.engine.slots)
+        self.metrics.observe("ts_llm_batch_occupancy_ratio", len(outputs) / self.engine.slots)
 
     def _record(self, live: Live, out: StepOutput, now: float) -> None:
         if live.first_token_at is None:

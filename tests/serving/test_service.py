@@ -101,6 +101,12 @@ def test_metrics_cover_the_request_lifecycle(engine):
     assert len(sink.of("ts_llm_e2e_request_latency_seconds")) == 1
 
 
+def test_batch_occupancy_is_a_fraction_of_the_slots(engine):
+    sink = RecordingSink()
+    drive(ContinuousService(engine, LIMITS, sink), [Incoming("a", req(n=3), True)])
+    assert sink.of("ts_llm_batch_occupancy_ratio")[0] == 1 / engine.slots
+
+
 def test_dynamic_mode_streams_through_the_callback_and_returns_finals(engine):
     sent: list[dict] = []
     service = DynamicService(engine, LIMITS, RecordingSink())
