@@ -10,6 +10,8 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
+from handler.engine.compile_progress import MARKER
+from handler.engine.warm_start import SWITCHED
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import TorchServe, ports_from, read_properties, start_torchserve
 from handler.worker_log import MODEL_LOG
@@ -54,12 +56,24 @@ def main(argv: list[str] | None = None) -> int:
     r.raise_for_status()
     answer = r.json()["choices"][0]["message"]["content"]
     print(f"\nQ: {question}\nA: {answer}\n({time.monotonic() - start:.2f} s)\n")
+    print(compile_status(ts.model_log()) + "\n")
     print(f"""The server keeps running on loopback. Try:
   TOKEN=$(python3 -c 'import json; print(json.load(open("{WORKDIR}/key_file.json"))["inference"]["key"])')
   curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" {ts.inference_url}/predictions/{args.model_name} -d '{{"prompt": "Once upon a time", "stream": true}}'
 OpenAI clients: base_url={ts.inference_url}/predictions/{args.model_name}/1.0/v1, api_key=$TOKEN
 Metrics: {ts.metrics_url}/metrics    Stop: ./serve.sh --stop""")
     return 0
+
+
+def compile_status(worker_log: str) -> str:
+    """Where the compiled steps are, from the worker log: serving, or which graph is compiling."""
+    if SWITCHED in worker_log:
+        return "Compiled steps are serving."
+    progress = [line[line.index(MARKER):] for line in worker_log.splitlines() if MARKER in line]
+    if not progress:
+        return "Serving eager steps (compile: see the worker log)."
+    return (f"Serving eager steps while the compile runs: {progress[-1]}. "
+            f"Follow it: grep 'aot:' {WORKDIR}/{MODEL_LOG}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from handler.engine import cpp_cache
+from handler.engine.compile_progress import CompileProgress
 from handler.engine.config import EngineConfig
 from handler.engine.engine import decode_window, prefill_width
 from handler.engine.model import Transformer
@@ -183,29 +184,37 @@ def compile_steps(model: Transformer, cfg: EngineConfig) -> AotSteps:
         raise AotError(f"cannot AOT-compile: {reason}")
     examples: dict[str, list[Shape]] = {}
     steps = {}
+    # One general graph per step is expected, plus decode's static batch-1 graphs.
+    progress = CompileProgress(len(STEPS) + len(static_shapes("decode", cfg)))
     for name in STEPS:
-        steps[name], examples[name] = _compile_step(model, name, cfg)
+        steps[name], examples[name] = _compile_step(model, name, cfg, progress)
     return AotSteps(steps["prefill"], steps["decode"], examples)
 
 
-def _compile_step(model: Transformer, name: StepName, cfg: EngineConfig) -> tuple[CompiledStep, list[Shape]]:
+def static_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
+    """The shapes that get a fully static graph each: decode at batch 1, one per attention
+    window. Its projections compile to matrix-vector kernels (model.Linear), ~2x aten's mm there,
+    and static shapes save another ~20%. Compiled first, they are what match() picks for batch 1;
+    the general graph (unbacked batch, symbolic window) serves every other shape."""
+    return [s for s in serving_shapes(step, cfg) if s.batch == 1] if step == "decode" else []
+
+
+def _compile_step(model: Transformer, name: StepName, cfg: EngineConfig,
+                  progress: CompileProgress) -> tuple[CompiledStep, list[Shape]]:
     device = torch.device(cfg.device)
     step, examples = CompiledStep(model, name), []
-    shapes = serving_shapes(name, cfg)
-    # Decode at batch 1 first, one fully static graph per attention window: its projections
-    # compile to matrix-vector kernels (model.Linear), ~2x aten's mm there, and static shapes
-    # save another ~20%. Being first, they are what match() picks for batch 1; the general
-    # graph (unbacked batch, symbolic window) serves every other shape.
-    static = [s for s in shapes if s.batch == 1] if name == "decode" else []
-    for shape in static + compile_order(shapes, model_sizes(model)):
+    static = static_shapes(name, cfg)
+    for shape in static + compile_order(serving_shapes(name, cfg), model_sizes(model)):
         args = example_args(name, shape, device)
         if step.match(*args) is not None:
             continue
+        kind = "static" if shape in static else "general"
+        log.info("aot: %s", progress.starting(f"{name}, {kind}, example batch {shape.batch}, length {shape.length}"))
         start = time.perf_counter()
         step.add(_aot_compile(getattr(model, name), args, cfg, static=shape in static))
         examples.append(shape)
-        log.info("aot: compiled %s graph %d (example batch %d, length %d) in %.1f s", name, len(examples),
-                 shape.batch, shape.length, time.perf_counter() - start)
+        progress.finished(time.perf_counter() - start)
+        log.info("aot: compiled %s graph %d in %.1f s", name, len(examples), progress.seconds[-1])
     return step, examples
 
 

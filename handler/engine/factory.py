@@ -71,6 +71,14 @@ class Steps:
     artifact_dir: Path | None = None  # the artifact loaded, or installed after a cold compile
     background: BackgroundLoad | None = None  # set while mode is "aot-background" or "aot-compiling"
 
+    @property
+    def serving(self) -> str:
+        """What these steps run at first, in metrics.ENGINE_MODES terms (a background load
+        reports its switch through on_compiled / on_fallback)."""
+        if self.eager_fallback:
+            return "eager"
+        return {"eager": "eager", "aot-background": "loading", "aot-compiling": "compiling"}.get(self.mode, "compiled")
+
 
 @dataclass(frozen=True)
 class ArtifactRequest:

@@ -17,7 +17,7 @@ from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
-from handler.serving.metrics import TorchServeSink
+from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
 
@@ -43,11 +43,12 @@ class LLMHandler(BaseHandler):
         log.info("compile cache: %s (set handler.compile_cache_dir or TS_LLM_CACHE_DIR to move it)",
                  places.cache_dir or "none: nothing compiled here is kept")
         engine_cfg = cfg.engine
-        loaded = build_engine(engine_cfg, on_fallback=lambda reason: sink.observe("ts_llm_compile_eager_fallback_total", 1),
+        loaded = build_engine(engine_cfg, on_fallback=lambda reason: _served_eager(sink),
                               places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),
-                              on_compiled=lambda seconds: sink.observe("ts_llm_compile_seconds", seconds))
+                              on_compiled=lambda seconds: _served_compiled(sink, seconds))
         if loaded.steps.background is None:
             sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
+        observe_engine_mode(sink, loaded.steps.serving)
         sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
         sink.observe("ts_llm_engine_info", 1, loaded.path)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
@@ -91,6 +92,16 @@ class LLMHandler(BaseHandler):
                                 done=lambda reply, f=final: loop.call_soon_threadsafe(f.set_result, reply))
             self.service.submit(_incoming(idx, row, context), delivery)
         return _apply(list(await asyncio.gather(*finals)), context, continuous=False)
+
+
+def _served_eager(sink: TorchServeSink) -> None:
+    sink.observe("ts_llm_compile_eager_fallback_total", 1)
+    observe_engine_mode(sink, "eager")
+
+
+def _served_compiled(sink: TorchServeSink, seconds: float) -> None:
+    sink.observe("ts_llm_compile_seconds", seconds)
+    observe_engine_mode(sink, "compiled")
 
 
 def _incoming(idx: int, row: dict, context) -> Incoming:

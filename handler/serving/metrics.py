@@ -26,9 +26,13 @@ GAUGES = {
     "ts_llm_batch_occupancy_ratio": "Ratio",  # 0..1, as Prometheus ratios are
     "ts_llm_compile_seconds": "Seconds",
     "ts_llm_engine_info": "Count",  # 1, label path: "<cpu profile>/<dtype>/packed-<packing>"
+    "ts_llm_engine_mode": "Count",  # 1 for the mode the steps run in now, 0 for the others (ENGINE_MODES)
 }
 LABELS = {"ts_llm_request_success_total": "finished_reason", "ts_llm_request_failure_total": "reason",
-          "ts_llm_engine_info": "path"}
+          "ts_llm_engine_info": "path", "ts_llm_engine_mode": "mode"}
+# What the engine's steps run: eager; eager while a verified artifact loads beside them (seconds),
+# or while a cold compile runs in a process of its own (minutes); compiled graphs.
+ENGINE_MODES = ("eager", "loading", "compiling", "compiled")
 
 
 class MetricSink(Protocol):
@@ -45,6 +49,13 @@ class RecordingSink:
 
     def of(self, name: str) -> list[float]:
         return [v for n, v, _ in self.values if n == name]
+
+
+def observe_engine_mode(sink: MetricSink, mode: str) -> None:
+    """One series per mode, so that a dashboard sees a switch as one series going 0 -> 1."""
+    assert mode in ENGINE_MODES, mode
+    for m in ENGINE_MODES:
+        sink.observe("ts_llm_engine_mode", float(m == mode), m)
 
 
 class TorchServeSink:

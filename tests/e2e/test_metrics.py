@@ -1,6 +1,7 @@
 """The custom LLM metrics reach TorchServe's Prometheus endpoint."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -25,3 +26,6 @@ def test_llm_metrics_are_exported(server):
         time.sleep(0.5)
     assert not missing, f"missing metrics: {missing}"
     assert 'ModelName="llm"' in text
+    # the fixture waited for compiled steps: the mode gauge says so, one series per mode
+    modes = {mode: float(value) for mode, value in re.findall(r'^ts_llm_engine_mode\{[^}]*mode="(\w+)"[^}]*\} (\S+)$', text, re.MULTILINE)}
+    assert modes == {"eager": 0, "loading": 0, "compiling": 0, "compiled": 1}, modes

@@ -87,6 +87,7 @@ def loaded(cfg, cold):
     """This process loads the cold worker's artifact: the steps the other tests drive."""
     engine = build_engine(cfg, places=ArtifactPlaces(cache_dir=cold[1]))
     assert engine.steps.mode == "aot-loaded", engine.steps.mode
+    assert engine.steps.serving == "compiled"
     return engine
 
 
@@ -306,6 +307,7 @@ def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tm
     places = ArtifactPlaces(bundled_dir=model_dir / artifacts.MAR_ARTIFACT_DIR)
     loaded = build_engine(handler_cfg.engine, places=places)
     assert loaded.steps.mode == "aot-background" and loaded.steps.artifact_dir == places.bundled_dir
+    assert loaded.steps.serving == "loading"
     assert loaded.steps.background.done.wait(120) and loaded.steps.background.compiled
 
 

@@ -100,7 +100,7 @@ def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(
     cache_dir = tmp_path / "aot"
     compiled = []
     loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=cache_dir), on_compiled=compiled.append)
-    assert loaded.steps.mode == "aot-compiling"
+    assert loaded.steps.mode == "aot-compiling" and loaded.steps.serving == "compiling"
     eager_tokens = generate(loaded.engine)  # answered now, while the process compiles
     assert not loaded.steps.background.compiled, "the tiny model answers before its compile ends"
     assert loaded.steps.background.done.wait(540), "the compile process did not finish"

@@ -37,7 +37,7 @@ def config(**fields) -> EngineConfig:
 
 def test_compile_eager_serves_the_model_steps(model):
     steps = build_steps(model, config(compile="eager"))
-    assert steps.mode == "eager" and not steps.eager_fallback
+    assert steps.mode == "eager" and not steps.eager_fallback and steps.serving == "eager"
     assert steps.prefill == model.prefill and steps.decode == model.decode
 
 
@@ -49,7 +49,7 @@ def test_a_failed_compile_raises_compile_error_with_the_reason(model, failing_co
 def test_a_failed_compile_serves_eager_when_allowed_and_reports_the_reason(model, failing_compile):
     reasons = []
     steps = build_steps(model, config(on_compile_error="eager"), on_fallback=reasons.append)
-    assert steps.mode == "eager" and steps.eager_fallback
+    assert steps.mode == "eager" and steps.eager_fallback and steps.serving == "eager"
     assert reasons == ["RuntimeError: inductor broke"]
 
 
