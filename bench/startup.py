@@ -49,7 +49,8 @@ from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noq
 from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint."
-TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2}
+TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2, "cold_first_answer_over_eager": 1.5,
+           "cold_compiled_seconds": 150, "warm_compiled_over_eager": 1.5}
 
 
 def parse_args() -> argparse.Namespace:
@@ -121,7 +122,9 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
         print(f"{name}: ready in {run['ready_s']:.1f} s", flush=True)
         run["engine"] = engine_line(ts)
         if "(aot-background)" in run["engine"] or "(aot-compiling)" in run["engine"]:
-            ts.wait_compiled("llm", time.monotonic() + 1800, PROMPT, interval=0.1)  # the switch, to 0.1 s
+            # The switch, to 0.1 s after a load (seconds); to 2 s after a compile (minutes, which
+            # steps driven every 0.1 s would slow: they take the CPU the compile process needs).
+            ts.wait_compiled("llm", time.monotonic() + 3600, PROMPT, interval=0.1 if "(aot-background)" in run["engine"] else 2.0)
             run["compiled_s"] = time.monotonic() - start
             print(f"{name}: serving compiled after {run['compiled_s']:.1f} s", flush=True)
         elif "(eager)" not in run["engine"]:
@@ -237,13 +240,16 @@ def main() -> None:
         "warm_over_eager": runs["warm"]["ready_s"] / runs["eager"]["ready_s"], "targets": TARGETS,
         # serving at compiled speed, over the eager replica's ready time
         "warm_compiled_over_eager": runs["warm"]["compiled_s"] / runs["eager"]["ready_s"],
+        # with an empty cache: the first answer (eager, the compile runs aside), and compiled speed
+        "cold_first_answer_over_eager": runs["cold"]["ready_s"] / runs["eager"]["ready_s"],
+        "cold_compiled_seconds": runs["cold"]["compiled_s"],
         "warm_blocking_over_eager": runs["warm_blocking"]["ready_s"] / runs["eager"]["ready_s"],
     })
     result["targets_met"] = {k: result[k] <= v for k, v in TARGETS.items()}
     write_json("startup.json", result)
     plot(result, RESULTS / "startup.png")
     write_section("startup", markdown(result, args))
-    print(json.dumps({k: result[k] for k in ("warm_over_cold", "warm_over_eager", "targets_met")}, indent=1))
+    print(json.dumps({k: result[k] for k in (*TARGETS, "targets_met")}, indent=1))
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -268,9 +274,9 @@ def plot(r: dict, path: Path) -> None:
               label="S3 restore (overlaps TorchServe's start)")
     for i, n in enumerate(NAMES):
         left.text(runs[n]["ready_s"], i, f" {runs[n]['ready_s']:.1f} s", va="center")
-        if n in ("warm", "restart") and "compiled_s" in runs[n]:
+        if n in ("cold", "warm", "restart") and "compiled_s" in runs[n]:
             left.plot([runs[n]["compiled_s"]], [i], "k|", markersize=18)
-    left.plot([], [], "k|", markersize=12, label="serving compiled (background load done)")
+    left.plot([], [], "k|", markersize=12, label="serving compiled (the switch)")
     left.set_xscale("log")  # the cold bar is minutes, the others seconds
     left.set_xlabel("seconds to first successful prediction (log scale)")
     left.set_title(f"warm/cold = {r['warm_over_cold']:.3f}, warm/eager = {r['warm_over_eager']:.2f}, "
@@ -320,9 +326,13 @@ are driven by 1-token requests meanwhile). *warm_blocking* is the same instance 
 
 - `warm_over_cold` = **{r['warm_over_cold']:.3f}** (target ≤ {TARGETS['warm_over_cold']}: {met('warm_over_cold')}),
   `warm_over_eager` = **{r['warm_over_eager']:.2f}** (target ≤ {TARGETS['warm_over_eager']}: {met('warm_over_eager')}): ready, serving.
-- Serving at compiled speed: **{r['warm_compiled_over_eager']:.2f}x** the eager replica's ready time
-  ({warm['compiled_s']:.1f} s); loading before ready (`warm_start: blocking`) is ready at
+- Serving at compiled speed: `warm_compiled_over_eager` = **{r['warm_compiled_over_eager']:.2f}** the eager replica's ready time
+  ({warm['compiled_s']:.1f} s; target ≤ {TARGETS['warm_compiled_over_eager']}: {met('warm_compiled_over_eager')}); loading before ready (`warm_start: blocking`) is ready at
   **{r['warm_blocking_over_eager']:.2f}x** ({blocking['ready_s']:.1f} s).
+- Empty cache (*cold*): the first answer comes from eager steps while a process of its own compiles,
+  `cold_first_answer_over_eager` = **{r['cold_first_answer_over_eager']:.2f}** (target ≤ {TARGETS['cold_first_answer_over_eager']}: {met('cold_first_answer_over_eager')});
+  compiled steps serve from `cold_compiled_seconds` = **{r['cold_compiled_seconds']:.0f} s** after the start
+  (target ≤ {TARGETS['cold_compiled_seconds']}: {met('cold_compiled_seconds')}).
 - Compiled artifact: {runs['cold']['artifact_mb']:.1f} MB (AOT-compiled graphs, their C++ kernels and Inductor's
   precompiled header; no weights).
 - Model: SmolLM2-135M-Instruct, bf16, 16 KV-cache slots x 2048 tokens, continuous batching.
