@@ -11,9 +11,9 @@ import yaml
 from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
-from handler.build.model_config import ServingOptions, model_config
+from handler.build.model_config import ServingOptions, handler_config, model_config
 from handler.engine.artifacts import write_weights_digest
-from handler.engine.checkpoint import open_checkpoint
+from handler.engine.checkpoint import check_context, open_checkpoint
 from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,8 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
               extra_dirs: dict[str, Path] | None = None, handler_file: Path = HANDLER_FILE) -> Path:
     """Write model_store/<model_name>.mar; `extra_dirs` maps folder names inside the archive to
     local folders (compiled artifacts, for instance)."""
-    open_checkpoint(checkpoint_dir)  # fail here, with the reason, not in a worker later
+    # fail here, with the reason, not in a worker later
+    check_context(open_checkpoint(checkpoint_dir).args, handler_config(opts, checkpoint_dir).engine.max_seq_len)
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"

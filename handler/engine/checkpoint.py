@@ -82,7 +82,26 @@ def model_args_from_config(config: dict) -> ModelArgs:
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         rope_llama3_scaling=_llama3_scaling(config),
+        sliding_window=_sliding_window(model_type, config),
     )
+
+
+def _sliding_window(model_type: str, config: dict) -> int | None:
+    # Qwen2 configs carry a sliding_window that only use_sliding_window switches on.
+    if model_type == "qwen2" and not config.get("use_sliding_window", False):
+        return None
+    window = config.get("sliding_window")
+    return int(window) if window is not None else None
+
+
+def check_context(args: ModelArgs, max_seq_len: int) -> None:
+    """Refuse a context the engine would compute wrongly: attention over more positions than a
+    sliding-window model sees (the engine attends to all of them)."""
+    if args.sliding_window is not None and max_seq_len > args.sliding_window:
+        raise CheckpointError(
+            f"this checkpoint uses sliding-window attention (each token sees the last {args.sliding_window}), which the "
+            f"engine does not implement; max_seq_len {max_seq_len} would give wrong answers beyond the window: set "
+            f"handler.max_seq_len to at most {args.sliding_window} to serve it exactly")
 
 
 def _rope_params(config: dict) -> dict:

@@ -41,7 +41,7 @@ from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import aot, artifacts, cpp_cache, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
-from handler.engine.checkpoint import Checkpoint, load_model, open_checkpoint
+from handler.engine.checkpoint import Checkpoint, check_context, load_model, open_checkpoint
 from handler.engine.compile_errors import CompileError, failure_reason
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.engine import Engine
@@ -118,6 +118,7 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
 def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     """The model as the steps are compiled for it and called with: weights in the resolved
     dtype, projections quantized if chosen, packed copies if chosen (the graphs call packed_linear then), KV cache allocated."""
+    check_context(ckpt.args, cfg.max_seq_len)
     model = load_model(ckpt, cfg.torch_dtype, cfg.device)
     quantize_model(model, ckpt, cfg)
     if cfg.packed_weights != "off":

@@ -37,6 +37,9 @@ class ModelArgs:
     tie_embeddings: bool = False
     # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
     rope_llama3_scaling: tuple[float, float, float, int] | None = None
+    # Sliding-window attention (Mistral-style): each position sees only the last this-many. Not
+    # implemented: a context longer than the window is refused (checkpoint.check_context).
+    sliding_window: int | None = None
 
 
 class Linear(nn.Linear):
