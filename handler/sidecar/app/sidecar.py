@@ -222,12 +222,15 @@ class Sidecar:
         self._threads.append(thread)
 
     def _on_posted(self, notice: TerminationNotice) -> None:
-        log.warning("termination notice: %s", notice.to_json())
         if notice.kind is NoticeKind.SIGNAL:
             self._signalled.set()
         self.metrics.notices.labels(kind=notice.kind.value).inc()
         if should_drain(notice, self.config.drain_on_rebalance):
+            log.warning("termination notice: %s", notice.to_json())
             self.metrics.termination_pending.set(1)
+        else:
+            # Not the words the runbook has operators look for: nothing drains.
+            log.info("advisory notice, not draining (drain_on_rebalance is off): %s", notice.to_json())
 
     def _on_watch_error(self, name: str, err: MetadataError) -> None:
         self.metrics.errors.labels(step=f"watch_{name}").inc()

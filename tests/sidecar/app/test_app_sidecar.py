@@ -114,7 +114,8 @@ def test_real_sigterm_to_this_process_runs_the_drain(emulator: MetadataEmulator,
 
 
 def test_rebalance_alone_does_not_drain(emulator: MetadataEmulator,
-                                        management: FakeManagement) -> None:
+                                        management: FakeManagement, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="handler.sidecar")
     until = threading.Event()
     with Sidecar(settings(emulator, management), Probe().hooks()) as sidecar:
         sidecar.board.add_listener(lambda notice: until.set())
@@ -123,6 +124,8 @@ def test_rebalance_alone_does_not_drain(emulator: MetadataEmulator,
         assert [n.kind.value for n in sidecar.board.advisories()] == ["rebalance"]
         ready = requests.get(f"http://127.0.0.1:{sidecar.http.port}/ready", timeout=2)
     assert ready.status_code == 200
+    # the runbook's drain words are kept for notices that drain
+    assert "advisory notice, not draining" in caplog.text and "termination notice" not in caplog.text
 
 
 
