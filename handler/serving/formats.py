@@ -65,10 +65,11 @@ class Formatter:
             out += "data: [DONE]\n\n"
         return out
 
-    def error_event(self, message: str) -> str:
-        """The last piece of a stream cut by a server fault (its 200 was sent with the first piece):
-        an error object where the client reads pieces, as OpenAI-compatible servers send it."""
-        body = error_body(message, 500)
+    def error_event(self, message: str, status: int = 500) -> str:
+        """The last piece of a stream cut by a server fault or shutdown (its 200 was sent with the
+        first piece): an error object where the client reads pieces, as OpenAI-compatible servers
+        send it; `status` is the code the error object carries (503: retry elsewhere)."""
+        body = error_body(message, status)
         return body + "\n" if self.api == "native" else f"data: {body}\n\n"
 
     def _envelope(self, kind: str, choices: list) -> dict:

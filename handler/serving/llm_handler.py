@@ -17,6 +17,7 @@ from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
+from handler.serving.drain_flag import DrainFlag
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
@@ -55,8 +56,9 @@ class LLMHandler(BaseHandler):
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
-        flag = Path(cfg.drain_flag_file) if cfg.drain_flag_file else None
-        self.service = service_cls(loaded.engine, limits, sink, draining=lambda: flag is not None and flag.exists())
+        flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
+        self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
+                                   cutting=flag.cutting if flag else lambda: False)
         if isinstance(self.service, LoopService):
             self.service.start()
         self.initialized = True

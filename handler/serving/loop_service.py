@@ -70,6 +70,10 @@ class LoopService(BaseService):
                 delivery.done(refused)
             else:
                 self._deliveries[inc.request_id] = delivery
+        if self.cutting():
+            self.cut_running()
+            for request_id in list(self._deliveries):
+                self._deliver(request_id)
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if not self.engine.running:
             return
@@ -98,7 +102,7 @@ class LoopService(BaseService):
         if live.finish_reason is not None:
             del self.live[request_id], self._deliveries[request_id]
             more = False if live.opened else None
-            delivery.done(Reply(self._whole(live), content_type=ctype, more=more))
+            delivery.done(self.cut_reply(live) if live.cut else Reply(self._whole(live), content_type=ctype, more=more))
         elif live.http and live.req.stream and live.pending:
             body, live.pending, live.opened = "".join(live.pending), [], True
             delivery.piece(Reply(body, content_type=ctype, more=True))

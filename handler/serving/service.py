@@ -26,6 +26,10 @@ from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, parse_request
 
 
+CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
+               "finished; retry on another replica")
+
+
 @dataclass(frozen=True)
 class Incoming:
     request_id: str
@@ -53,19 +57,39 @@ class Live:
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None
+    cut: bool = False  # ended by the replica's shutdown before it finished (BaseService.cut_running)
     usage: tuple[int, int] = (0, 0)
 
 
 class BaseService:
     def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
-                 draining: Callable[[], bool] = lambda: False):
+                 draining: Callable[[], bool] = lambda: False, cutting: Callable[[], bool] = lambda: False):
         self.engine, self.limits, self.metrics, self.clock = engine, limits, metrics, clock
-        self.draining = draining
+        # draining: refuse new requests (503), finish running ones. cutting: the drain's wait is
+        # over, TorchServe stops next: end running ones now, each with a retryable error.
+        self.draining, self.cutting = draining, cutting
         self.live: dict[str, Live] = {}
+
+    def cut_running(self) -> None:
+        """End every unfinished request: its reply becomes cut_reply's (a 503, or a final error
+        event on a stream already sent), not a connection reset when TorchServe stops."""
+        for request_id, live in self.live.items():
+            if live.finish_reason is None:
+                self.engine.cancel(request_id)
+                live.finish_reason, live.cut = "cut", True
+                self.metrics.observe("ts_llm_request_failure_total", 1, "cut_by_shutdown")
+
+    def cut_reply(self, live: Live) -> Reply:
+        if not live.opened:
+            return Reply(error_body(CUT_MESSAGE, 503), 503, more=None if live.http else False)
+        ctype = live.fmt.content_type(live.req.stream)
+        if not live.req.stream:  # a whole answer riding a chunked response: its body is the error
+            return Reply(error_body(CUT_MESSAGE, 503), content_type=ctype, more=False)
+        return Reply("".join(live.pending) + live.fmt.error_event(CUT_MESSAGE, 503), content_type=ctype, more=False)
 
     def _admit(self, inc: Incoming) -> Reply | None:
         """Parse and add to the engine; a Reply only when the request is refused."""
-        if self.draining():
+        if self.draining() or self.cutting():
             # Refused before it was accepted: the client retries on another replica.
             self.metrics.observe("ts_llm_request_failure_total", 1, "draining")
             return Reply(error_body("this replica is draining before shutdown; retry on another replica", 503), 503)
@@ -127,6 +151,8 @@ class ContinuousService(BaseService):
             self.engine.cancel(gone)
             del self.live[gone]
             self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")
+        if self.cutting():
+            self.cut_running()
         refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._admit(inc))}
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
@@ -144,6 +170,8 @@ class ContinuousService(BaseService):
         ctype = live.fmt.content_type(live.req.stream)
         if done:
             del self.live[request_id]
+        if live.cut:
+            return self.cut_reply(live)
         if not live.http:
             return Reply(self._whole(live), content_type=ctype, more=False)
         if done and not live.opened:
@@ -167,6 +195,9 @@ class DynamicService(BaseService):
                 i = waiting.pop(0)
                 if reply := self._admit(batch[i]):
                     refused[i] = reply
+            if self.cutting():
+                self.cut_running()  # what still waits is refused by _admit (503) next round
+                continue
             self._step()
             partial = {}
             for i, inc in enumerate(batch):
@@ -180,5 +211,7 @@ class DynamicService(BaseService):
 
     def _final(self, request_id: str) -> Reply:
         live = self.live.pop(request_id)
+        if live.cut:
+            return self.cut_reply(live)
         return Reply(self._whole(live), content_type=live.fmt.content_type(live.req.stream),
                      more=False if live.opened else None)

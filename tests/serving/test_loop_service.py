@@ -150,3 +150,16 @@ def test_the_thread_serves_submissions_and_stops():
         svc.stop()
     assert not svc._thread.is_alive()
     assert all(r.final.status == 200 for r in recs)
+
+
+def test_a_cut_ends_running_requests_each_with_a_retryable_error():
+    cutting = False
+    svc = service(cutting=lambda: cutting)
+    stream, whole = submit(svc, "s", req(n=20, stream=True)), submit(svc, "w", req(n=20))
+    svc.run_once()
+    assert stream.pieces and whole.final is None
+    cutting = True
+    svc.run_once()
+    assert json.loads(stream.final.body.removeprefix("data: "))["error"]["code"] == 503 and stream.final.more is False
+    assert whole.final.status == 503 and whole.final.more is None
+    assert svc.engine.running == 0 and not svc.live

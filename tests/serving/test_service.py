@@ -92,6 +92,28 @@ def test_draining_refuses_new_requests_but_finishes_running_ones(engine):
     assert json.loads(rest[-1].body.splitlines()[-1])["finish_reason"] == "length"
 
 
+def test_a_cut_ends_an_opened_stream_with_a_retryable_error_event(engine):
+    cutting = False
+    service = ContinuousService(engine, LIMITS, RecordingSink(), cutting=lambda: cutting)
+    first = service.handle([Incoming("s", req(n=20, stream=True), True), Incoming("w", req(n=20), True)])
+    assert all(r.more for r in first)
+    cutting = True
+    replies = service.handle([Incoming("s", None, True), Incoming("w", None, True), Incoming("new", req(), True)])
+    for reply in replies[:2]:
+        error = json.loads(reply.body.splitlines()[-1])["error"]
+        assert reply.more is False and error["code"] == 503 and "retry on another replica" in error["message"]
+    assert replies[2].status == 503 and replies[2].more is None, "nothing new is admitted"
+    assert engine.running == 0 and not service.live
+
+
+def test_a_cut_request_that_sent_nothing_gets_a_503(engine):
+    steps = iter(range(100))
+    service = DynamicService(engine, LIMITS, RecordingSink(), cutting=lambda: next(steps) >= 2)
+    [reply] = service.handle([Incoming("w", req(n=20), True)], lambda partial: None)
+    assert reply.status == 503 and reply.more is None
+    assert "shutting down" in json.loads(reply.body)["error"]["message"] and engine.running == 0
+
+
 def test_metrics_cover_the_request_lifecycle(engine):
     sink = RecordingSink()
     drive(ContinuousService(engine, LIMITS, sink), [Incoming("a", req(n=4), True)])

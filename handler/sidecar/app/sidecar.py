@@ -173,6 +173,8 @@ class Sidecar:
             stop_torchserve=hooks.stop_torchserve or wiring.stopper(config),
             torchserve=self.torchserve, in_flight=self._in_flight,
             close_admission=self._close_admission, deregister=self._deregister,
+            # with a hooked admission there is no flag file to carry the cut
+            cut_in_flight=None if hooks.close_admission else wiring.config_cutter(config, self._clock),
             request_capacity=wiring.capacity_requester(config, self._autoscaling, notice),
             publish_cache=self._publisher,
             acknowledge=wiring.acknowledger(config, self.watchers, notice), current_deadline=self.board.deadline,

@@ -92,6 +92,12 @@ def config_closer(config: SidecarConfig, clock: Clock) -> Callable[[], None] | N
     return admission.flag_closer(Path(config.drain_flag_file), clock)
 
 
+def config_cutter(config: SidecarConfig, clock: Clock) -> Callable[[], None] | None:
+    if not config.drain_flag_file:
+        return None
+    return admission.flag_cutter(Path(config.drain_flag_file), clock)
+
+
 def stopper(config: SidecarConfig) -> Callable[[float], None]:
     if config.stop_method is StopMethod.CLI:
         return stop_with_cli

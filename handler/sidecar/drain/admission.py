@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from handler.files import write_atomic
+from handler.serving.drain_flag import CUT_KEY
 from handler.sidecar.errors import ConfigError
 
 
@@ -28,11 +29,24 @@ def flag_closer(path: Path, clock: Callable[[], float] = time.time) -> Callable[
     return close_admission
 
 
-def write_flag(path: Path, now: float) -> None:
+def flag_cutter(path: Path, clock: Callable[[], float] = time.time) -> Callable[[], None]:
+    """The end of the in-flight wait: the flag gets `cut_since_epoch`, and the handler ends what is
+    still running, each with a retryable error (handler/serving/drain_flag.py reads the key)."""
+
+    def cut_in_flight() -> None:
+        try:
+            fields = json.loads(path.read_text())
+        except (OSError, ValueError):
+            fields = {}  # gone or not ours: the cut recreates it
+        write_flag(path, clock(), {**fields, CUT_KEY: clock()})
+
+    return cut_in_flight
+
+
+def write_flag(path: Path, now: float, fields: dict | None = None) -> None:
     try:
-        # Atomic: the handler only tests for existence, but a reader that looks inside (an
-        # operator) should never see half a file.
-        write_atomic(path, json.dumps({"draining_since_epoch": now}) + "\n")
+        # Atomic: the handler reads it on every step of a drain and must never see half a file.
+        write_atomic(path, json.dumps(fields or {"draining_since_epoch": now}) + "\n")
     except OSError as err:
         raise ConfigError(f"cannot create the drain flag file {path}: {err}; it must be writable "
                           "by the sidecar and on a volume the TorchServe worker sees") from err

@@ -31,6 +31,7 @@ class DrainDeps:
     torchserve: ModelDescriber | None = None  # queue depth from the management API
     in_flight: Callable[[], int] | None = None  # requests inside the handler, from the lead
     close_admission: Callable[[], None] | None = None  # handler starts refusing with 503
+    cut_in_flight: Callable[[], None] | None = None  # handler ends what still runs, each with a 503 / error event
     deregister: Callable[[], None] | None = None  # ELBv2 deregister_targets, bound
     request_capacity: Callable[[], None] | None = None  # ASG desired+1 or a webhook, bound
     publish_cache: CachePublisher | None = None

@@ -1,4 +1,6 @@
 """The wait_in_flight step: until nothing is in flight (and stays so), or the wait budget ends.
+Requests still running `cut_lead_s` before it ends are cut by the handler (DrainDeps.cut_in_flight),
+each ending with a retryable error instead of the connection reset TorchServe's stop would give.
 
 In flight = the handler's running requests (DrainDeps.in_flight) + TorchServe's queue
 (DrainDeps.torchserve). The not_ready and stop steps read the same number for the report.
@@ -51,14 +53,22 @@ def wait_in_flight(report: DrainReport, deps: DrainDeps) -> None:
         failures = failures + 1 if error else 0
         if failures >= policy.max_read_errors:
             raise SidecarError(f"in-flight unreadable {failures} times in a row: {error}")
-        if quiet.observe(count, now):
+        if quiet.observe(count, now) or (now >= report.plan.wait_until and not count):
+            if report.cut_in_flight:  # none left, but not because they finished
+                raise SidecarError(f"wait budget spent: {report.cut_in_flight} request(s) were cut, each ending "
+                                   "with a retryable error")
             return
+        may_cut = deps.cut_in_flight is not None and report.cut_in_flight is None
+        cut_at = report.plan.wait_until - policy.cut_lead_s
+        if count and may_cut and now >= cut_at:
+            deps.cut_in_flight()
+            report.cut_in_flight = count
         if now >= report.plan.wait_until:
-            if count:
-                raise SidecarError(f"wait budget spent with {count} request(s) still in flight")
-            return
-        deps.sleep(min(policy.poll_interval_s, report.plan.wait_until - now,
-                       quiet.time_to_go(now)))
+            raise SidecarError(f"wait budget spent with {count} request(s) still in flight")
+        wake = [policy.poll_interval_s, report.plan.wait_until - now, quiet.time_to_go(now)]
+        if may_cut and now < cut_at:
+            wake.append(cut_at - now)
+        deps.sleep(min(wake))
 
 
 class _Quiet:

@@ -41,10 +41,13 @@ class DrainPolicy:
     min_wait_s: float = 5.0
     min_stop_s: float = 2.0  # stop gets at least this much even when the deadline has passed
     max_read_errors: int = 5  # consecutive failed in-flight reads before giving up the wait
+    # Requests still running this long before the wait ends are cut by the handler (DrainDeps.
+    # cut_in_flight), each ending with a retryable error the client reads, not a connection reset.
+    cut_lead_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s", "min_wait_s",
-                     "min_stop_s"):
+                     "min_stop_s", "cut_lead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"DrainPolicy.{name} must be >= 0, got {getattr(self, name)}")
         if self.poll_interval_s <= 0:

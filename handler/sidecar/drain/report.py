@@ -24,6 +24,7 @@ class DrainReport:
     steps: list[StepRecord] = field(default_factory=list)
     in_flight_at_notice: int | None = None
     in_flight_at_stop: int | None = None
+    cut_in_flight: int | None = None  # running when the wait ran out and the handler cut them (each got a 503)
     published: bool | None = None  # None: no publisher configured
     stopped: bool = False
     errors: list[str] = field(default_factory=list)
@@ -45,6 +46,7 @@ class DrainReport:
                 "plan": self.plan.to_json(), "drain_seconds": self.drain_seconds,
                 "deadline_seconds": self.plan.deadline_epoch - self.plan.started_epoch,
                 "in_flight_at_notice": self.in_flight_at_notice,
-                "in_flight_at_stop": self.in_flight_at_stop, "published": self.published,
+                "in_flight_at_stop": self.in_flight_at_stop, "cut_in_flight": self.cut_in_flight,
+                "published": self.published,
                 "stopped": self.stopped, "exit_code": self.exit_code, "errors": self.errors,
                 "steps": [vars(record) for record in self.steps]}

@@ -123,6 +123,25 @@ def test_wait_budget_runs_out_and_stop_still_happens(clock) -> None:
     assert any("still in flight" in error for error in report.errors)
 
 
+def test_requests_still_running_near_the_end_of_the_wait_are_cut(clock) -> None:
+    calls = Calls(clock)
+    start = clock()
+    def running() -> int:  # 3 until the handler cuts them
+        return 0 if "cut" in calls.names else 3
+
+    report = run_drain(notice(start + 120), deps(clock, calls, in_flight=running, cut_in_flight=calls("cut")), POLICY)
+    assert calls.at("cut") - start == pytest.approx(104)  # wait ends at 105; cut_lead_s 1 before
+    assert report.cut_in_flight == 3 and report.in_flight_at_stop == 0 and report.stopped
+    assert "3 request(s) were cut, each ending with a retryable error" in report.step("wait_in_flight").detail
+
+
+def test_no_cut_when_everything_finished_in_time(clock) -> None:
+    calls = Calls(clock)
+    report = run_drain(notice(clock() + 120), deps(clock, calls, in_flight=Sequence(2, 0), cut_in_flight=calls("cut")),
+                       POLICY)
+    assert "cut" not in calls.names and report.cut_in_flight is None and report.step("wait_in_flight").ok
+
+
 def test_nothing_to_observe_means_no_wait(clock) -> None:
     calls = Calls(clock)
     start = clock()
