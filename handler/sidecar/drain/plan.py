@@ -39,7 +39,10 @@ class DrainPolicy:
     # The in-flight wait keeps at least this long, taken from the publish reserve when the
     # notice is too short for all reserves.
     min_wait_s: float = 5.0
-    min_stop_s: float = 2.0  # stop gets at least this much even when the deadline has passed
+    # stop gets at least this much even when the deadline has passed: above TorchServe's clean
+    # shutdown (2.45-2.71 s in every graceful stop measured on 2 cores), else it is SIGKILLed and
+    # leaves its unpacked .mar behind
+    min_stop_s: float = 5.0
     max_read_errors: int = 5  # consecutive failed in-flight reads before giving up the wait
     # Requests still running this long before the wait ends are cut by the handler (DrainDeps.
     # cut_in_flight), each ending with a retryable error the client reads, not a connection reset.
