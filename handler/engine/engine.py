@@ -18,20 +18,12 @@ from handler.engine.tokenizer import Tokenizer
 
 PREFILL_PAD = 16  # prompts are right-padded to a multiple of this: fewer distinct shapes
 KV_BUCKET = 64  # decode attends to a multiple of this many positions
-SINGLE_MIN_WINDOW = 256  # ... and a lone sequence to a power of two from this: few enough shapes for static graphs
 
 
-def decode_window(positions: int, batch: int, max_seq_len: int) -> int:
+def decode_window(positions: int, max_seq_len: int) -> int:
     """How many cached positions a decode step attends to when the furthest sequence needs
-    `positions`. Batch 1 (one sequence decoding alone) gets few, coarse windows, so each has a
-    fully static compiled graph (aot.py), ~20% faster than one with a symbolic window."""
-    if batch == 1:
-        window = SINGLE_MIN_WINDOW
-        while window < positions:
-            window *= 2
-    else:
-        window = -(-positions // KV_BUCKET) * KV_BUCKET
-    return min(window, max_seq_len)
+    `positions`: the next multiple of KV_BUCKET (compiled graphs take the window as a symbol)."""
+    return min(-(-positions // KV_BUCKET) * KV_BUCKET, max_seq_len)
 
 
 def prefill_width(longest_prompt: int, max_seq_len: int) -> int:
@@ -161,7 +153,7 @@ class Engine:
         pos = torch.zeros(n, dtype=torch.long)
         for s in seqs:
             tokens[s.slot], pos[s.slot] = s.output_ids[-1], s.next_pos
-        kv_len = decode_window(int(pos.max()) + 1, n, self.max_seq_len)
+        kv_len = decode_window(int(pos.max()) + 1, self.max_seq_len)
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
         return logits[torch.tensor([s.slot for s in seqs], device=logits.device)]
 
