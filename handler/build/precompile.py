@@ -8,6 +8,7 @@ the sidecar can restore the matching artifact before TorchServe starts:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import zipfile
@@ -22,7 +23,7 @@ from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_ke
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import compile_and_install, prepare_model
-from handler.engine.platform import resolve
+from handler.engine.platform import auto_quantization, resolve
 from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 
 
@@ -54,6 +55,10 @@ def key_for_mar(mar: Path) -> CacheKey:
             recorded = json.loads(z.read(f"{checkpoint}/{WEIGHTS_DIGEST_FILE}"))
         except KeyError:
             raise ValueError(f"{mar} has no {checkpoint}/{WEIGHTS_DIGEST_FILE}; rebuild it with archive.sh") from None
+        if cfg.quantization == "auto":
+            # The worker looks for the GGUF in its unpacked checkpoint; here it is in the listing.
+            has_gguf = any(Path(name).parent.as_posix() == checkpoint and name.endswith(".gguf") for name in z.namelist())
+            cfg = dataclasses.replace(cfg, quantization=auto_quantization(torch.device(cfg.device).type, has_gguf))
     return artifact_key(cfg, recorded["digest"])
 
 

@@ -243,14 +243,20 @@ def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
     plat = current() if device_type == "cpu" else detect()
     chosen = choose_path(plat, device_type, cfg.dtype, cfg.packed_weights, cuda_bf16)
     quantization = cfg.quantization
-    if quantization == "auto":  # the source's precision, where the quantized kernels are vectorized (x86-64 CPUs)
-        fast = device_type == "cpu" and plat.profile.arch == "x86_64"
-        quantization = "gguf" if fast and find_gguf(cfg.checkpoint_dir) is not None else "none"
+    if quantization == "auto":
+        quantization = auto_quantization(device_type, find_gguf(cfg.checkpoint_dir) is not None)
     resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed, quantization=quantization)
     label = chosen.label(plat.profile) if device_type == "cpu" else f"{device_type}/{chosen.dtype}"
     if quantization != "none":
         label += f"/{quantization}"
     return resolved, label
+
+
+def auto_quantization(device_type: str, has_gguf: bool) -> str:
+    """`quantization: auto`: the source's precision (gguf when the checkpoint carries one) where
+    the quantized kernels are vectorized (x86-64 CPUs), else none."""
+    fast = device_type == "cpu" and current().profile.arch == "x86_64"
+    return "gguf" if fast and has_gguf else "none"
 
 
 def _auto_packing(profile: Profile, dtype: str) -> str:
