@@ -345,9 +345,10 @@ are driven by 1-token requests meanwhile). *warm_blocking* is the same instance 
 ### What limits warm/eager
 
 The eager replica is ready in {runs['eager']['ready_s']:.1f} s: a 135M-parameter model's weights load in about a
-second, so every fixed cost shows. Most of it on a new instance is building the quantized kernels
-(`handler/engine/quant`, C++ against torch's headers) in the empty Inductor cache each replica starts
-with; *restart* (the same machine, its caches warm) is ready in {runs['restart']['ready_s']:.1f} s. Loading the compiled steps costs {blocking.get('engine_compile_s', float('nan')):.1f} s of Python in the
+second, so every fixed cost shows. *restart* (the same machine, its caches warm) is ready in
+{runs['restart']['ready_s']:.1f} s: the gap is what a new instance's empty Inductor cache costs, chiefly building the
+quantized kernels (`handler/engine/quant`, C++ against torch's headers; ~15-30 s on 2 cores), which the
+compiled artifact does not carry yet. Loading the compiled steps costs {blocking.get('engine_compile_s', float('nan')):.1f} s of Python in the
 worker (importing Dynamo and Inductor, unpickling each graph, rebuilding its guards, installing
 the C++ kernels and Inductor's precompiled header), which a blocking load adds to the ready time;
 the background load overlaps it with serving. *restart*, the same instance starting again with
