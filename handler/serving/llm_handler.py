@@ -17,7 +17,7 @@ from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
-from handler.serving.drain_flag import DrainFlag
+from handler.drain_flag import DrainFlag
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply

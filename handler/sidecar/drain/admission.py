@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from handler.files import write_atomic
-from handler.serving.drain_flag import CUT_KEY
+from handler.drain_flag import CUT_KEY
 from handler.sidecar.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ def flag_closer(path: Path, clock: Callable[[], float] = time.time) -> Callable[
 
 def flag_cutter(path: Path, clock: Callable[[], float] = time.time) -> Callable[[], None]:
     """The end of the in-flight wait: the flag gets `cut_since_epoch`, and the handler ends what is
-    still running, each with a retryable error (handler/serving/drain_flag.py reads the key)."""
+    still running, each with a retryable error (handler/drain_flag.py reads the key)."""
 
     def cut_in_flight() -> None:
         try:

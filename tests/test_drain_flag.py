@@ -1,7 +1,7 @@
 """The drain flag file: what the sidecar writes is what the handler reads."""
 import json
 
-from handler.serving.drain_flag import DrainFlag
+from handler.drain_flag import DrainFlag
 from handler.sidecar.drain.admission import flag_closer, flag_cutter
 
 
