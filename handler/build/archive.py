@@ -11,9 +11,10 @@ import yaml
 from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
-from handler.build.model_config import ServingOptions, handler_config, model_config
+from handler.build.model_config import ServingOptions, model_config
 from handler.engine.artifacts import write_weights_digest
 from handler.engine.checkpoint import check_context, open_checkpoint
+from handler.engine.config import EngineConfig
 from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,8 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
               extra_dirs: dict[str, Path] | None = None, handler_file: Path = HANDLER_FILE) -> Path:
     """Write model_store/<model_name>.mar; `extra_dirs` maps folder names inside the archive to
     local folders (compiled artifacts, for instance)."""
-    # fail here, with the reason, not in a worker later
-    check_context(open_checkpoint(checkpoint_dir).args, handler_config(opts, checkpoint_dir).engine.max_seq_len)
+    # fail here, with the reason, not in a worker later (the handler section itself is the worker's to parse)
+    check_context(open_checkpoint(checkpoint_dir).args, int(opts.handler.get("max_seq_len", EngineConfig.max_seq_len)))
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"
