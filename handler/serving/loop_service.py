@@ -72,8 +72,7 @@ class LoopService(BaseService):
                 self._deliveries[inc.request_id] = delivery
         if self.cutting():
             self.cut_running()
-            for request_id in list(self._deliveries):
-                self._deliver(request_id)
+            self._deliver_all()
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if not self.engine.running:
             return
@@ -83,8 +82,7 @@ class LoopService(BaseService):
             log.exception("generation failed")
             self._fail_running(f"generation failed: {type(err).__name__}: {err}")
             return
-        for request_id in list(self._deliveries):
-            self._deliver(request_id)
+        self._deliver_all()
 
     def _take(self, block: bool) -> None:
         try:
@@ -95,6 +93,10 @@ class LoopService(BaseService):
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _deliver_all(self) -> None:
+        for request_id in list(self._deliveries):
+            self._deliver(request_id)
 
     def _deliver(self, request_id: str) -> None:
         live, delivery = self.live[request_id], self._deliveries[request_id]

@@ -57,8 +57,12 @@ class Live:
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None
-    cut: bool = False  # ended by the replica's shutdown before it finished (BaseService.cut_running)
     usage: tuple[int, int] = (0, 0)
+
+    @property
+    def cut(self) -> bool:
+        """Ended by the replica's shutdown before it finished (BaseService.cut_running)."""
+        return self.finish_reason == "cut"
 
 
 class BaseService:
@@ -76,7 +80,7 @@ class BaseService:
         for request_id, live in self.live.items():
             if live.finish_reason is None:
                 self.engine.cancel(request_id)
-                live.finish_reason, live.cut = "cut", True
+                live.finish_reason = "cut"
                 self.metrics.observe("ts_llm_request_failure_total", 1, "cut_by_shutdown")
 
     def cut_reply(self, live: Live) -> Reply:

@@ -24,7 +24,7 @@ def flag_closer(path: Path, clock: Callable[[], float] = time.time) -> Callable[
     """The drain's close_admission step: create the flag file (and its directory)."""
 
     def close_admission() -> None:
-        write_flag(path, clock())
+        write_flag(path, {"draining_since_epoch": clock()})
 
     return close_admission
 
@@ -38,15 +38,15 @@ def flag_cutter(path: Path, clock: Callable[[], float] = time.time) -> Callable[
             fields = json.loads(path.read_text())
         except (OSError, ValueError):
             fields = {}  # gone or not ours: the cut recreates it
-        write_flag(path, clock(), {**fields, CUT_KEY: clock()})
+        write_flag(path, {**fields, CUT_KEY: clock()})
 
     return cut_in_flight
 
 
-def write_flag(path: Path, now: float, fields: dict | None = None) -> None:
+def write_flag(path: Path, fields: dict) -> None:
     try:
         # Atomic: the handler reads it on every step of a drain and must never see half a file.
-        write_atomic(path, json.dumps(fields or {"draining_since_epoch": now}) + "\n")
+        write_atomic(path, json.dumps(fields) + "\n")
     except OSError as err:
         raise ConfigError(f"cannot create the drain flag file {path}: {err}; it must be writable "
                           "by the sidecar and on a volume the TorchServe worker sees") from err
