@@ -55,6 +55,8 @@ def parse_args():
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile: ours forced to it, llama.cpp "
                    "built for it (avx2: explicit AVX2 flags, a build of its own)")
     p.add_argument("--build-only", action="store_true", help="build llama.cpp (cached) and stop")
+    p.add_argument("--out", default="peer", help="results name: docs/results/<out>.json and .png, the <out> section of "
+                   "docs/benchmarks.md (another name keeps a run of some precisions beside the full one)")
     args = p.parse_args()
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
@@ -177,9 +179,9 @@ def main() -> None:
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len, "concurrency": args.concurrency,
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
-    write_json("peer.json", result)
-    plot(result, RESULTS / "peer.png")
-    write_section("peer", markdown(result, " ".join(sys.argv[1:])))
+    write_json(f"{args.out}.json", result)
+    plot(result, RESULTS / f"{args.out}.png")
+    write_section(args.out, markdown(result, " ".join(sys.argv[1:]), args.out))
 
 
 def plot(r: dict, path: Path) -> None:
@@ -213,7 +215,7 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
 
-def markdown(r: dict, argv: str) -> str:
+def markdown(r: dict, argv: str, out: str) -> str:
     rows = []
     for precision, pair in r["pairs"].items():
         for system in SYSTEMS:
@@ -229,7 +231,8 @@ def markdown(r: dict, argv: str) -> str:
                             f"{_fmt(ratio) if system == 'ours' else ''} |")
     v, ll = r["versions"], r["llama_cpp"]
     ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
-    return f"""## Side by side with llama.cpp (llama-server)
+    title = "" if out == "peer" else f" ({', '.join(r['pairs'])} only)"
+    return f"""## Side by side with llama.cpp (llama-server){title}
 
 Command: `.venv/bin/python bench/peer.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), {v['machine']},
@@ -248,7 +251,7 @@ file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serv
 Throughput ratio ours / llama.cpp at 1 / 16 clients: {ratio_line}. p99 TTFT ratio at 16 clients (ours / llama.cpp,
 {r.get('ttft_p99_ratio_c16_precision') or 'n/a'}): {_fmt(r.get('ttft_p99_ratio_c16'), digits=3)}.
 
-![peer](results/peer.png)
+![{out}](results/{out}.png)
 """
 
 

@@ -11,8 +11,8 @@
  * Written with GCC vector extensions, not intrinsics: the same source becomes AVX2 or AVX-512
  * code under Inductor's -march for x86 and NEON on aarch64.
  *
- * One row (decode at batch 1): the quantized bytes are streamed once, four output rows at a
- * time sharing x, which is rounded to int8 per block of 32 so that each block's sum(q * x) is an
+ * One row (decode at batch 1): the quantized bytes are streamed once, one output row at a
+ * time, with x rounded to int8 per block of 32 so that each block's sum(q * x) is an
  * integer dot product, scaled once per block (and, for
  * int4, m * sum(x) added from precomputed group sums of x). Several rows reuse each weight: a
  * chunk of output rows is dequantized into a float32 buffer that stays in cache, then multiplied
@@ -196,41 +196,31 @@ static inline void block_scales(const uint16_t *d, const uint16_t *m, RoundedRow
     if (m) *offset = fma8(mv, load8(x.sum + b0), *offset);
 }
 
-/* y[n0 .. n0+ROWS) for one x row (K a multiple of 256 here; gemv_tail does the rest); inlined with
- * constant bits and ROWS so the accumulators stay in registers. */
-#define GEMV_ROWS(BITS, ROWS)                                                                           \
-    static inline __attribute__((always_inline)) void gemv##BITS##_##ROWS(                              \
-        RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, int64_t n0,     \
-        int64_t K, int64_t G) {                                                                         \
-        const int64_t groups = K / G, rb = row_bytes(BITS, K), full = (K / BLOCK) & ~(int64_t)7;        \
-        f8 acc[ROWS], offset[ROWS];                                                                     \
-        for (int r = 0; r < ROWS; r++) acc[r] = offset[r] = (f8){0};                                    \
-        for (int64_t b0 = 0; b0 < full; b0 += 8) {                                                      \
-            float scale[ROWS][8];                                                                       \
-            for (int r = 0; r < ROWS; r++)                                                              \
-                block_scales(d + (n0 + r) * groups, BITS == 4 ? m + (n0 + r) * groups : NULL, x, b0, G, \
-                             scale[r], &offset[r]);                                                     \
-            for (int j = 0; j < 8; j++)                                                                 \
-                for (int r = 0; r < ROWS; r++) {                                                        \
-                    const uint8_t *row = q + (n0 + r) * rb;                                             \
-                    __builtin_prefetch(row + (b0 + j + PREFETCH) * BLOCK * BITS / 8);                   \
-                    acc[r] = fma8(block_isum(BITS, row, b0 + j, x.q + (b0 + j) * BLOCK),                \
-                                  (f8){0} + scale[r][j], acc[r]);                                       \
-                }                                                                                       \
-        }                                                                                               \
-        for (int r = 0; r < ROWS; r++)                                                                  \
-            y[n0 + r] = hsum(acc[r]) + hsum(offset[r]) + gemv_tail(BITS, x, q, d, m, n0 + r, full, K, G); \
-    }
-
+/* y[n] for one x row (K a multiple of 256 here; gemv_tail does the rest); inlined with constant bits
+ * so the accumulator stays in a register. One weight row at a time, a single stream for the
+ * hardware prefetcher: measured on AVX2 (2 threads, the default model's shapes streamed from
+ * memory) 20-25% faster than four rows sharing each x block (four streams). */
 #define GEMV(BITS)                                                                                      \
-    GEMV_ROWS(BITS, 1)                                                                                  \
-    GEMV_ROWS(BITS, 4)                                                                                  \
+    static inline __attribute__((always_inline)) void gemv##BITS##_row(                                 \
+        RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, int64_t n,      \
+        int64_t K, int64_t G) {                                                                         \
+        const int64_t groups = K / G, full = (K / BLOCK) & ~(int64_t)7;                                 \
+        const uint8_t *row = q + n * row_bytes(BITS, K);                                                \
+        f8 acc = {0}, offset = {0};                                                                     \
+        for (int64_t b0 = 0; b0 < full; b0 += 8) {                                                      \
+            float scale[8];                                                                             \
+            block_scales(d + n * groups, BITS == 4 ? m + n * groups : NULL, x, b0, G, scale, &offset);  \
+            for (int j = 0; j < 8; j++) {                                                               \
+                __builtin_prefetch(row + (b0 + j + PREFETCH) * BLOCK * BITS / 8);                       \
+                acc = fma8(block_isum(BITS, row, b0 + j, x.q + (b0 + j) * BLOCK), (f8){0} + scale[j], acc); \
+            }                                                                                           \
+        }                                                                                               \
+        y[n] = hsum(acc) + hsum(offset) + gemv_tail(BITS, x, q, d, m, n, full, K, G);                   \
+    }                                                                                                   \
     static void gemv##BITS(RoundedRow x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y, \
                            int64_t N, int64_t K, int64_t G, int threads) {                              \
-        const int64_t full = N - N % 4;                                                                 \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                               \
-        for (int64_t n0 = 0; n0 < full; n0 += 4) gemv##BITS##_4(x, q, d, m, y, n0, K, G);               \
-        for (int64_t n = full; n < N; n++) gemv##BITS##_1(x, q, d, m, y, n, K, G);                      \
+        for (int64_t n = 0; n < N; n++) gemv##BITS##_row(x, q, d, m, y, n, K, G);                       \
     }
 GEMV(8)
 GEMV(4)
