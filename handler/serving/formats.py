@@ -17,6 +17,12 @@ def error_body(message: str, status: int) -> str:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}})
 
 
+def model_list_body(model: str, created: int) -> str:
+    """OpenAI's `GET /v1/models`: the one model this endpoint serves."""
+    return json.dumps({"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                                   "owned_by": "ts-llm"}]})
+
+
 @dataclass
 class Formatter:
     api: str  # "native", "completions" or "chat"

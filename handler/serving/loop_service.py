@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from handler.serving.formats import error_body
+from handler.serving.protocol import is_model_list
 from handler.serving.service import BaseService, Incoming, Reply
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,9 @@ class LoopService(BaseService):
         try:
             item = self._inbox.get(block=block)
             while True:
-                if item is not None:
+                if item is not None and is_model_list(item[0].url_path):
+                    item[1].done(self._admit(item[0]))  # asks nothing of the engine: no wait for a slot
+                elif item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:

@@ -2,6 +2,7 @@
 
 Three APIs share one engine: the native JSON API (`/predictions/<model>`) and OpenAI-style
 `v1/completions` and `v1/chat/completions` (TorchServe passes the URL suffix as `url_path`).
+`v1/models` (OpenAI's model list) asks nothing of the engine: is_model_list, answered by the service.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable
 from handler.engine.sampling import SamplingParams
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
+MODEL_LIST_PATH = "v1/models"
 MAX_STOP_STRINGS = 4
 MAX_TEMPERATURE = 100.0
 ROLES = ("system", "user", "assistant")
@@ -51,10 +53,14 @@ FIELDS = {
 }
 
 
+def is_model_list(url_path: str) -> bool:
+    return url_path.strip("/") == MODEL_LIST_PATH
+
+
 def api_for_path(url_path: str) -> str:
     path = url_path.strip("/")
     if path not in API_BY_PATH:
-        known = ", ".join(repr(p) for p in API_BY_PATH if p)
+        known = ", ".join(repr(p) for p in [*API_BY_PATH, MODEL_LIST_PATH] if p)
         raise RequestError(f"unknown route {path!r} after the model version; use {known}", status=404)
     return API_BY_PATH[path]
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from handler.engine.engine import Engine, EngineFull, StepOutput
-from handler.serving.formats import Formatter, error_body
+from handler.serving.formats import Formatter, error_body, model_list_body
 from handler.serving.metrics import MetricSink
-from handler.serving.protocol import GenerationRequest, Limits, RequestError, parse_request
+from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
 
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
@@ -73,6 +73,7 @@ class BaseService:
         # over, TorchServe stops next: end running ones now, each with a retryable error.
         self.draining, self.cutting = draining, cutting
         self.live: dict[str, Live] = {}
+        self.started = int(time.time())  # the model list's `created`
 
     def cut_running(self) -> None:
         """End every unfinished request: its reply becomes cut_reply's (a 503, or a final error
@@ -92,7 +93,9 @@ class BaseService:
         return Reply("".join(live.pending) + live.fmt.error_event(CUT_MESSAGE, 503), content_type=ctype, more=False)
 
     def _admit(self, inc: Incoming) -> Reply | None:
-        """Parse and add to the engine; a Reply only when the request is refused."""
+        """Parse and add to the engine; a Reply when the request is refused, or asks nothing of the engine."""
+        if is_model_list(inc.url_path):
+            return Reply(model_list_body(self.limits.served_model_name, self.started))
         if self.draining() or self.cutting():
             # Refused before it was accepted: the client retries on another replica.
             self.metrics.observe("ts_llm_request_failure_total", 1, "draining")

@@ -40,6 +40,10 @@ def test_chat_stream_with_usage(client):
     assert text.strip() and chunks[-1].usage.completion_tokens <= 6
 
 
+def test_models_list_names_the_served_model(client):
+    assert [m.id for m in client.models.list()] == ["llm"]
+
+
 def test_unknown_model_is_a_404(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)

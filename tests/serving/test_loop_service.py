@@ -87,6 +87,17 @@ def test_requests_beyond_the_slots_wait_their_turn():
     assert json.loads(first.final.body)["text"] == "bcd" and json.loads(second.final.body)["text"] == "lm"
 
 
+def test_the_model_list_is_answered_without_waiting_for_a_slot():
+    svc = service(slots=1)
+    running = submit(svc, "a", req("a", n=5))
+    svc.run_once()
+    listing = Recorder()
+    svc.submit(Incoming("m", b"", True, "v1/models"), listing.delivery())
+    svc.run_once()
+    assert running.final is None and listing.final.status == 200
+    assert [m["id"] for m in json.loads(listing.final.body)["data"]] == ["llm"]
+
+
 def test_requests_arriving_mid_stream_join_the_next_step():
     svc = service()
     first = submit(svc, "a", req("a", n=5))

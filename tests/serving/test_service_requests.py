@@ -62,6 +62,15 @@ def test_an_invalid_request_gets_a_400_and_the_others_are_served():
     assert json.loads(replies["good"][-1].body)["text"] == "ijk"
 
 
+def test_the_model_list_names_the_served_model_and_uses_no_slot():
+    service = continuous(slots=1)
+    service.handle([Incoming("a", req(n=5), True)])  # the only slot is taken
+    [reply] = service.handle([Incoming("a", None, True), Incoming("m", b"", True, "/v1/models")])[1:]
+    body = json.loads(reply.body)
+    assert reply.status == 200 and reply.more is None
+    assert body["object"] == "list" and [(m["id"], m["object"]) for m in body["data"]] == [("llm", "model")]
+
+
 def test_a_request_beyond_the_free_slots_gets_a_retryable_503():
     sink = RecordingSink()
     service = continuous(slots=1, sink=sink)
