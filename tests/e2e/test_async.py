@@ -67,3 +67,10 @@ def test_openai_client_streams_chat(async_server):
                                             max_tokens=8, stream=True)
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len(pieces) > 1 and "".join(pieces).strip()
+
+
+def test_openai_client_lists_the_model(async_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{async_server.inference_url}/predictions/llm/1.0/v1",
+                           api_key=async_server.token(), max_retries=0)
+    assert [m.id for m in client.models.list()] == ["llm"]
