@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "llm"
 MAX_SEQ_LEN = 256
 CAP = 64
+# The compiled server's cold compile (~15 min on 2 cores: three graphs, 260-320 s each) runs in the
+# setup of the first test that asks for `server`, inside that test's time limit.
+COMPILED_SERVER_TIMEOUT_S = 1500
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(COMPILED_SERVER_TIMEOUT_S))
 
 
 def build_store(tmp: Path, checkpoint: Path, batching: str, compile_mode: str) -> Path:
