@@ -12,6 +12,9 @@ S3 before the deadline; TorchServe must exit cleanly.
 Phase 2 (worker kill): a fresh TorchServe + sidecar under the same load; the model worker is
 SIGKILLed; what the clients saw, and how long until a worker is READY and a request succeeds.
 
+Phase 3 (load balancer): two replicas behind HAProxy (installed when missing), a spot notice on
+one, clients that never retry: every failure is one they saw (bench/chaos_lb.py).
+
 Writes docs/results/chaos.json, docs/results/chaos.png and docs/chaos.md.
 """
 
@@ -25,15 +28,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos_lb import lb_phase
 from chaos_load import Load, Record, Target, as_rows
-from chaos_replica import (BUCKET, MODEL, PREFIX, Moto, Sidecar, build_archive,
-                           published_objects, start_moto, start_replica_torchserve,
-                           start_sidecar, stop_process, stop_torchserve, write_compile_cache)
+from chaos_replica import (BUCKET, MODEL, PREFIX, Moto, Sidecar, build_archive, published_objects,
+                           replica_with_sidecar, start_moto, stop_process, write_compile_cache)
 from chaos_report import write_outputs
 from chaos_timeline import Sample, Sampler
 
@@ -100,42 +101,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spot = spot_phase(args, work / "spot", store, flag, checkpoint, moto)
         kill = kill_phase(args, work / "kill", store, flag)
+        lb = lb_phase(args, work / "lb", checkpoint)
     finally:
         moto.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     if args.keep:
-        for name, phase in (("spot", spot), ("kill", kill)):
+        for name, phase in (("spot", spot), ("kill", kill), ("lb", lb)):
             (work / f"records-{name}.json").write_text(json.dumps(as_rows(phase.records)))
-    results = write_outputs(args, spot, kill)
+    results = write_outputs(args, spot, kill, lb)
     print(f"chaos: requests_sent={results['requests_sent']} "
           f"requests_lost={results['requests_lost']} drain_seconds={results['drain_seconds']} "
           f"deadline_seconds={results['deadline_seconds']} "
           f"cache_published={results['cache_published']} "
-          f"worker_kill.recovery_seconds={results['worker_kill']['recovery_seconds']}")
-    return 0 if results["requests_lost"] == 0 and results["drain_within_deadline"] else 1
+          f"worker_kill.recovery_seconds={results['worker_kill']['recovery_seconds']} "
+          f"lb.client_visible_failures={results['lb']['client_visible_failures']}")
+    ok = results["requests_lost"] == 0 and results["drain_within_deadline"]
+    return 0 if ok and results["lb"]["client_visible_failures"] == 0 else 1
 
 
 # ---- phase 1: spot interruption
-
-@contextmanager
-def replica_with_sidecar(work: Path, store: Path,
-                         settings: Callable[[MetadataEmulator], dict[str, object]]) -> Iterator[tuple[TorchServe, Sidecar, MetadataEmulator]]:
-    """TorchServe, the metadata emulator and a sidecar watching it (settings from the emulator),
-    yielded once the sidecar reports ready; all three are always stopped."""
-    ts = start_replica_torchserve(store, work / "ts")
-    emulator = MetadataEmulator().start()
-    sidecar: Sidecar | None = None
-    try:
-        sidecar = start_sidecar(work, ts, settings(emulator))
-        _until(lambda: sidecar.ready() == 200, 60, "the sidecar to report ready")
-        yield ts, sidecar, emulator
-    finally:
-        if sidecar is not None:
-            stop_process(sidecar.process)
-        stop_torchserve(ts)
-        emulator.stop()
-
 
 def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, checkpoint: Path,
                moto: Moto) -> SpotPhase:

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import yaml
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
+from handler.testing.metadata_emulator import MetadataEmulator
 from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,17 +120,36 @@ def start_sidecar(work: Path, ts: TorchServe, settings: dict[str, object]) -> Si
     return sidecar
 
 
-def start_replica_torchserve(store: Path, work: Path) -> TorchServe:
+def start_replica_torchserve(store: Path, work: Path, extra_props: dict[str, str] | None = None) -> TorchServe:
     # TEMP (TorchServe reads it, not TMPDIR, for java.io.tmpdir) keeps the worker sockets in
     # this instance's own directory, next to its pid file.
     ts = start_torchserve(store, {MODEL: f"{MODEL}.mar"}, REPO / "config.properties",
-                          work, Ports.free(), env={"TEMP": str(work / "tmp")})
+                          work, Ports.free(), extra_props=extra_props, env={"TEMP": str(work / "tmp")})
     try:
         ts.wait_ready(MODEL, timeout=600)
     except Exception:
         stop_torchserve(ts)
         raise
     return ts
+
+
+@contextmanager
+def replica_with_sidecar(work: Path, store: Path, settings: Callable[[MetadataEmulator], dict[str, object]],
+                         extra_props: dict[str, str] | None = None) -> Iterator[tuple[TorchServe, Sidecar, MetadataEmulator]]:
+    """TorchServe, the metadata emulator and a sidecar watching it (settings from the emulator),
+    yielded once the sidecar reports ready; all three are always stopped."""
+    ts = start_replica_torchserve(store, work / "ts", extra_props)
+    emulator = MetadataEmulator().start()
+    sidecar: Sidecar | None = None
+    try:
+        sidecar = start_sidecar(work, ts, settings(emulator))
+        _wait(lambda: sidecar.ready() == 200, 60, "the sidecar to report ready")
+        yield ts, sidecar, emulator
+    finally:
+        if sidecar is not None:
+            stop_process(sidecar.process)
+        stop_torchserve(ts)
+        emulator.stop()
 
 
 def stop_torchserve(ts: TorchServe) -> None:

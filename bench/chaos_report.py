@@ -17,12 +17,12 @@ RESULTS = REPO / "docs" / "results"
 COMMAND = ".venv/bin/python bench/chaos.py"
 
 
-def write_outputs(args: argparse.Namespace, spot: Any, kill: Any) -> dict[str, Any]:
+def write_outputs(args: argparse.Namespace, spot: Any, kill: Any, lb: Any) -> dict[str, Any]:
     results = {"command": COMMAND, **spot_summary(args, spot), "worker_kill": kill_summary(kill),
-               "setup": setup(args)}
+               "lb": lb_summary(lb), "setup": setup(args)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "chaos.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(spot, kill, results, RESULTS / "chaos.png")
+    plot(spot, kill, lb, results, RESULTS / "chaos.png")
     (REPO / "docs" / "chaos.md").write_text(markdown(results))
     return results
 
@@ -120,6 +120,33 @@ def kill_summary(kill: Any) -> dict[str, Any]:
     }
 
 
+# ---- phase 3
+
+def lb_summary(lb: Any) -> dict[str, Any]:
+    counts = outcome_counts(lb.records)
+    report = lb.report or {}
+    servers = lb.servers
+    return {
+        "requests_sent": len(lb.records),
+        "requests_completed": counts["completed"],
+        # The clients send through HAProxy and never retry: whatever did not complete, they saw.
+        "client_visible_failures": len(lb.records) - counts["completed"],
+        "failures_by_kind": {k: n for k, n in counts.items() if k != "completed" and n},
+        "error_samples": sorted({r.error[:120] for r in lb.records if r.error})[:5],
+        "requests_sent_after_notice": sum(1 for r in lb.records if r.start >= lb.notice_at),
+        "completed_after_notice": sum(1 for r in lb.records if r.outcome == "completed" and r.end >= lb.notice_at),
+        "haproxy_retries": sum(int(s.get("wretr") or 0) for s in servers.values()),
+        "haproxy_redispatches": sum(int(s.get("wredis") or 0) for s in servers.values()),
+        "sent_to_server": {name: int(s.get("stot") or 0) for name, s in servers.items()},
+        "noticed_down_after_notice_seconds": _after(lb.down_at, lb.notice_at),
+        "notice_to_stopped_seconds": round(lb.stopped_at - lb.notice_at, 2),
+        "deadline_seconds": round(lb.deadline_at - lb.notice_at, 2),
+        "drain_seconds": None if report.get("drain_seconds") is None else round(float(report["drain_seconds"]), 2),
+        "noticed_torchserve_exit_code": lb.torchserve_exit_code,
+        "haproxy": lb.haproxy_version,
+    }
+
+
 def _after(t: float | None, t0: float) -> float | None:
     return None if t is None else round(t - t0, 2)
 
@@ -137,13 +164,13 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- plot
 
-def plot(spot: Any, kill: Any, results: dict[str, Any], path: Path) -> None:
+def plot(spot: Any, kill: Any, lb: Any, results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
+    fig, (top, bottom, third) = plt.subplots(3, 1, figsize=(11, 12))
     _panel(top, spot.records, spot.samples, spot.start, spot.end,
            f"Spot interruption, {results['clients']} clients: "
            f"lost {results['requests_lost']} of {results['requests_sent']}")
@@ -157,7 +184,15 @@ def plot(spot: Any, kill: Any, results: dict[str, Any], path: Path) -> None:
     _mark(bottom, kill.kill_at - kill.start, "kill -9 worker", "tab:red")
     if kill.ready_at:
         _mark(bottom, kill.ready_at - kill.start, "worker READY", "tab:green")
-    bottom.set_xlabel("seconds")
+    lr = results["lb"]
+    _panel(third, lb.records, lb.samples, lb.start, lb.end,
+           f"Two replicas behind HAProxy, notice on one: {lr['client_visible_failures']} client-visible "
+           f"failures of {lr['requests_sent']}")
+    _mark(third, lb.notice_at - lb.start, "notice (r0)", "tab:orange")
+    if lb.down_at:
+        _mark(third, lb.down_at - lb.start, "HAProxy: r0 down", "tab:green")
+    _mark(third, lb.stopped_at - lb.start, "r0 stopped", "black")
+    third.set_xlabel("seconds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -225,10 +260,12 @@ def markdown(r: dict[str, Any]) -> str:
         return f"{steps[step][i]:.1f}" if step in steps else "n/a"
 
     errors = "\n".join(f"- `{_one_line(e)}`" for e in wk["error_samples"]) or "- none"
+    lb = r["lb"]
+    lb_errors = "\n".join(f"- `{_one_line(e)}`" for e in lb["error_samples"]) or "- none"
     setup = "; ".join(f"{k}: {v}" for k, v in r["setup"].items())
-    return f"""# Chaos run: a spot interruption under load, and a killed worker
+    return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
 
-One command, about a minute and a half on a 2-core CPU machine:
+One command, about four minutes on a 2-core CPU machine:
 
     {r['command']}
 
@@ -299,6 +336,33 @@ grows, and the dead worker's last `ts_llm_requests_running` value stays on Torch
 endpoint until the new worker reports.) Errors the clients saw:
 
 {errors}
+
+## Phase 3: two replicas behind HAProxy, a spot notice on one
+
+Two replicas, each a TorchServe with its own sidecar and metadata emulator (token auth off, as in
+the Kubernetes config: a balancer cannot know each replica's random key), behind {lb['haproxy']}
+(installed by the command when missing). HAProxy checks each sidecar's `/ready` every second
+(`fall 1 rise 2`), balances by least connections, and retries only what provably never ran:
+`retry-on conn-failure 503` with `option redispatch 1` (a refused connection, and the 503 the
+drain flag answers before admission, go to the other replica) and `option http-buffer-request`
+(HAProxy can only resend a request it still holds whole); a timeout or a broken answer is
+never retried. The same {r['clients']} clients send through HAProxy and **never retry**:
+whatever did not complete, they saw.
+
+| | |
+| --- | --- |
+| requests sent | {lb['requests_sent']} ({lb['requests_sent_after_notice']} after the notice) |
+| completed | {lb['requests_completed']} ({lb['completed_after_notice']} finished after the notice) |
+| **client-visible failures** | **{lb['client_visible_failures']}** ({_counts(lb['failures_by_kind'])}) |
+| HAProxy retries / redispatches (provably unexecuted, sent again) | {lb['haproxy_retries']} / {lb['haproxy_redispatches']} |
+| sent to each replica (HAProxy's count, retries included) | {", ".join(f"{k}: {v}" for k, v in lb['sent_to_server'].items())} |
+| notice to HAProxy marking r0 down | {lb['noticed_down_after_notice_seconds']} s |
+| notice to r0's TorchServe stopped | {lb['notice_to_stopped_seconds']} s (drain {lb['drain_seconds']} s), deadline {lb['deadline_seconds']} s |
+| r0's TorchServe exit code | {lb['noticed_torchserve_exit_code']} |
+
+Errors the clients saw:
+
+{lb_errors}
 
 ## When the drain cannot finish in time
 
