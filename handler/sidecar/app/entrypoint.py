@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     child = Child(command)
     # The sidecar (and its signal handlers) come up before the child, so there is no moment
     # where a SIGTERM would kill this process and orphan TorchServe.
-    with Sidecar(config, Hooks(stop_torchserve=child.stop)) as sidecar:
+    with Sidecar(config, Hooks(stop_torchserve=child.stop, torchserve_pid=child.pid)) as sidecar:
         try:
             if config.restore_at_start:
                 start_restore(config, on_done=sidecar.export_restore)
@@ -107,6 +107,11 @@ class Child:
         if os.getpid() == 1:
             threading.Thread(target=_reap_orphans, args=(self._popen.pid,), name="reaper",
                              daemon=True).start()
+
+    def pid(self) -> int:
+        if self._popen is None:
+            raise ProcessLookupError("TorchServe was not started")
+        return self._popen.pid
 
     def stop(self, timeout_s: float) -> None:
         """The drain's last step: SIGTERM the tree, SIGKILL whatever outlives timeout_s."""

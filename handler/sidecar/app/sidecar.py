@@ -56,6 +56,7 @@ class Hooks:
     publish_cache: CachePublisher | None = None  # publish_cache(publish_by_epoch) -> uploaded?
     close_admission: Callable[[], None] | None = None  # else config.drain_flag_file
     stop_torchserve: Callable[[float], None] | None = None  # overrides config.stop_method
+    torchserve_pid: Callable[[], int] | None = None  # the root of TorchServe's process tree, when started here
 
 
 class Sidecar:
@@ -177,6 +178,7 @@ class Sidecar:
             cut_in_flight=None if hooks.close_admission else wiring.config_cutter(config, self._clock),
             request_capacity=wiring.capacity_requester(config, self._autoscaling, notice),
             publish_cache=self._publisher,
+            close_listeners=wiring.listener_closer(config, hooks.torchserve_pid or wiring.pid_reader(config)),
             acknowledge=wiring.acknowledger(config, self.watchers, notice), current_deadline=self.board.deadline,
             metrics=self.metrics)
 

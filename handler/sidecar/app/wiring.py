@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -27,6 +28,7 @@ from handler.sidecar.notice.imds import ImdsWatcher
 from handler.sidecar.notice.termination import Clock, TerminationNotice
 from handler.sidecar.notice.watcher import Watcher
 from handler.torchserve.client import running_reader
+from handler.torchserve.listeners import close_listeners
 from handler.torchserve.stop import read_pid_file, stop_pid, stop_with_cli
 from handler.worker_log import first_cause_in
 
@@ -105,6 +107,23 @@ def stopper(config: SidecarConfig) -> Callable[[float], None]:
         pid_file = Path(config.torchserve_pid_file or "")
         return lambda timeout_s: stop_pid(read_pid_file(pid_file), timeout_s)
     return lambda timeout_s: None  # the orchestrator stops TorchServe
+
+
+def pid_reader(config: SidecarConfig) -> Callable[[], int] | None:
+    """TorchServe's pid, when this sidecar stops it by pid; None otherwise."""
+    if config.stop_method is not StopMethod.PID:
+        return None
+    pid_file = Path(config.torchserve_pid_file or "")
+    return lambda: read_pid_file(pid_file)
+
+
+def listener_closer(config: SidecarConfig, root_pid: Callable[[], int] | None) -> Callable[[], list[int]] | None:
+    """Shuts the listeners of TorchServe's process tree except the management and metrics ports
+    (the drain still reads them); None when disabled or when TorchServe's pid is not known here."""
+    if not config.close_listeners or root_pid is None:
+        return None
+    keep = [port for url in (config.management_url, config.metrics_url) if url and (port := urlsplit(url).port)]
+    return lambda: close_listeners(root_pid(), keep)
 
 
 def deregisterer(config: SidecarConfig, watchers: list[Watcher]) -> Callable[[], None] | None:

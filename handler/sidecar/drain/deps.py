@@ -35,6 +35,7 @@ class DrainDeps:
     deregister: Callable[[], None] | None = None  # ELBv2 deregister_targets, bound
     request_capacity: Callable[[], None] | None = None  # ASG desired+1 or a webhook, bound
     publish_cache: CachePublisher | None = None
+    close_listeners: Callable[[], list[int]] | None = None  # shut TorchServe's inference listeners; -> ports
     acknowledge: Callable[[TerminationNotice], None] | None = None  # Azure StartRequests
     current_deadline: Callable[[], float | None] | None = None  # NoticeBoard.deadline
     metrics: DrainMetrics | None = None
@@ -42,5 +43,5 @@ class DrainDeps:
     def optional_steps(self) -> frozenset[str]:
         present = {"close_admission": self.close_admission, "deregister": self.deregister,
                    "request_capacity": self.request_capacity, "publish": self.publish_cache,
-                   "acknowledge": self.acknowledge}
+                   "close_listeners": self.close_listeners, "acknowledge": self.acknowledge}
         return frozenset(name for name, dep in present.items() if dep is not None)

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 STEP_ORDER = ("not_ready", "close_admission", "deregister", "request_capacity",
-              "wait_in_flight", "publish", "stop", "acknowledge")
+              "wait_in_flight", "publish", "close_listeners", "stop", "acknowledge")
 ALWAYS = frozenset({"not_ready", "wait_in_flight", "stop"})
 
 
@@ -47,10 +47,13 @@ class DrainPolicy:
     # Requests still running this long before the wait ends are cut by the handler (DrainDeps.
     # cut_in_flight), each ending with a retryable error the client reads, not a connection reset.
     cut_lead_s: float = 1.0
+    # After TorchServe's listeners are shut, the connections it accepted just before get their
+    # answers (the drain's 503, one worker round trip) before SIGTERM closes them.
+    listener_settle_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s", "min_wait_s",
-                     "min_stop_s", "cut_lead_s"):
+                     "min_stop_s", "cut_lead_s", "listener_settle_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"DrainPolicy.{name} must be >= 0, got {getattr(self, name)}")
         if self.poll_interval_s <= 0:

@@ -34,6 +34,7 @@ def run_drain(notice: TerminationNotice, deps: DrainDeps,
         "request_capacity": deps.request_capacity,
         "wait_in_flight": partial(wait_in_flight, report, deps),
         "publish": partial(publish, report, deps),
+        "close_listeners": partial(_close_listeners, report, deps),
         "stop": partial(_stop, report, deps),
         "acknowledge": partial(deps.acknowledge, notice) if deps.acknowledge else None,
     }
@@ -67,6 +68,12 @@ def _run_step(report: DrainReport, name: str, action: Callable[[], object],
 def _not_ready(report: DrainReport, deps: DrainDeps) -> None:
     deps.mark_not_ready()
     report.in_flight_at_notice, _ = read_in_flight(deps)
+
+
+def _close_listeners(report: DrainReport, deps: DrainDeps) -> None:
+    assert deps.close_listeners is not None, "planned without its dependency"
+    report.listeners_closed = deps.close_listeners()
+    deps.sleep(report.plan.policy.listener_settle_s)
 
 
 def _stop(report: DrainReport, deps: DrainDeps) -> None:

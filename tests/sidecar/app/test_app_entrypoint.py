@@ -77,7 +77,45 @@ def test_sigterm_to_the_entrypoint_runs_the_drain(emulator: MetadataEmulator,
     code, out, report = finish(proc)
     assert code == 0 and "child got SIGTERM" in out
     assert report["notice"]["detail"] == {"signal": "SIGTERM"}
-    assert [step["name"] for step in report["steps"]] == ["not_ready", "wait_in_flight", "stop"]
+    assert [step["name"] for step in report["steps"]] == ["not_ready", "wait_in_flight", "close_listeners", "stop"]
+    assert report["listeners_closed"] == []  # this child listens on nothing
+
+
+# Listens like TorchServe's frontend; at SIGTERM it reports whether its listener still accepts.
+LISTENING_CHILD = textwrap.dedent("""
+    import signal, socket, sys, time
+    listener = socket.create_server(("127.0.0.1", 0))
+    def stop(signum, frame):
+        try:
+            socket.create_connection(listener.getsockname(), timeout=1).close()
+            print("listener still accepting at SIGTERM", flush=True)
+        except ConnectionRefusedError:
+            print("listener shut before SIGTERM", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    print("child up", listener.getsockname()[1], flush=True)
+    time.sleep(60)
+""")
+
+
+def test_the_drain_shuts_the_childs_listeners_before_sigterm(emulator: MetadataEmulator,
+                                                             management: FakeManagement) -> None:
+    proc = start(emulator, management, child=LISTENING_CHILD)
+    port = int(proc.stdout.readline().split()[-1])
+    proc.send_signal(signal.SIGTERM)
+    code, out, report = finish(proc)
+    assert code == 0 and "listener shut before SIGTERM" in out
+    assert report["listeners_closed"] == [port]
+
+
+def test_listeners_stay_open_when_close_listeners_is_off(emulator: MetadataEmulator,
+                                                        management: FakeManagement) -> None:
+    proc = start(emulator, management, child=LISTENING_CHILD, extra=("--close-listeners", "false"))
+    proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    code, out, report = finish(proc)
+    assert code == 0 and "listener still accepting at SIGTERM" in out
+    assert "close_listeners" not in [step["name"] for step in report["steps"]]
 
 
 def test_child_exiting_on_its_own_passes_its_code_through(emulator: MetadataEmulator,

@@ -321,3 +321,24 @@ def test_thirty_second_notice_waits_min_wait_then_publishes_in_the_shrunk_reserv
     assert wait.ended_epoch == pytest.approx(start + 5)
     assert publish_budget == [pytest.approx(10)] and report.published is True
     assert calls.at("stop") == pytest.approx(start + 5)
+
+
+def test_listeners_are_closed_just_before_the_stop_then_given_time_to_answer(clock) -> None:
+    calls = Calls(clock)
+    report = run_drain(notice(clock() + 120), deps(
+        clock, calls, in_flight=Sequence(0), close_listeners=calls("close_listeners", [8080, 7070])))
+    assert calls.names[-2:] == ["close_listeners", "stop"]
+    assert calls.at("stop") - calls.at("close_listeners") >= POLICY.listener_settle_s
+    assert report.listeners_closed == [8080, 7070] and report.to_json()["listeners_closed"] == [8080, 7070]
+
+
+def test_a_listener_close_that_fails_is_reported_and_the_stop_still_runs(clock) -> None:
+    calls = Calls(clock)
+
+    def refused() -> list[int]:
+        raise PermissionError(1, "pidfd_getfd: Operation not permitted")
+
+    report = run_drain(notice(clock() + 120), deps(clock, calls, in_flight=Sequence(0), close_listeners=refused))
+    assert calls.names[-1] == "stop" and report.stopped
+    assert report.listeners_closed is None
+    assert any(error.startswith("close_listeners: PermissionError") for error in report.errors)
