@@ -58,6 +58,7 @@ def spot_summary(args: argparse.Namespace, spot: Any) -> dict[str, Any]:
         "drain_steps": _step_offsets(steps, spot.notice_at),
         "in_flight_at_notice": report.get("in_flight_at_notice"),
         "in_flight_at_stop": report.get("in_flight_at_stop"),
+        "listeners_closed": report.get("listeners_closed"),
         "drain_errors": report.get("errors"),
         "cache_published": _cache_published(report, steps, spot),
         "cache_objects": len(spot.s3_objects),
@@ -303,6 +304,7 @@ Timeline, seconds after the emulator raised the notice:
 | drain flag created: new requests get 503 before acceptance | {at('close_admission')} |
 | TorchServe's queue and the handler's running gauge read 0 on two polls | {at('wait_in_flight')} |
 | compile cache published to S3 | {at('publish')} |
+| TorchServe's listeners shut from outside the JVM (ports {r['listeners_closed']}): a connect is refused from here | {at('close_listeners', 0)} |
 | TorchServe stopped (SIGTERM to the JVM, its shutdown hook) | {at('stop')} |
 | deadline | {r['deadline_seconds']} |
 
@@ -312,8 +314,11 @@ and so was every request still waiting in TorchServe's queue once a slot freed; 
 already generating ran to their end. Once TorchServe's `pendingRequests` and the handler's
 `ts_llm_requests_running` (summed over workers) read 0 on two consecutive polls (the backend
 gauge reaches the frontend through the worker's log, a moment late), the sidecar uploaded the
-compile cache and SIGTERMed TorchServe's JVM. Clients that kept sending got connection refused
-from then on.
+compile cache, shut TorchServe's listening sockets (from outside the JVM, which keeps serving the
+connections it already accepted: they get their 503) and SIGTERMed the JVM half a second later.
+Clients that kept sending got connection refused from the listener shutdown on. (Without that
+step, the JVM's own shutdown closes its listener ~30 ms after SIGTERM and every open connection
+~20 ms later: a request that connected in between was accepted and then reset, 2-9 a run.)
 
 ## Phase 2: the model worker killed mid-load
 
