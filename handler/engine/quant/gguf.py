@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from handler.engine.model import ModelArgs
+from handler.engine.quant.gguf_file import BLOCK_BYTES, read_rows, read_tensor_infos
 from handler.engine.quant.layout import QuantizationError, QuantizedWeight, cat_rows
 
 TYPES = ("Q8_0", "Q4_0", "Q4_1")
@@ -26,10 +26,8 @@ class GGUFWeights:
     """The quantized projections of one GGUF file, by the engine's module names."""
 
     def __init__(self, path: Path):
-        import gguf  # the reader maintained with llama.cpp; imported only when a GGUF is used
-
         self.path = path
-        self._tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+        self._tensors = read_tensor_infos(path)
 
     def projection(self, module: str, args: ModelArgs) -> QuantizedWeight:
         """`module` is the engine's Linear: layers.<i>.attention.wqkv / .wo, layers.<i>.feed_forward.w13 /
@@ -53,13 +51,15 @@ class GGUFWeights:
         t = self._tensors.get(name)
         if t is None:
             raise QuantizationError(f"{self.path.name} has no tensor {name}")
-        kind = t.tensor_type.name
+        kind = t.kind
         if kind not in TYPES:
             raise QuantizationError(f"{self.path.name}: {name} is {kind}; only {', '.join(TYPES)} are taken as "
                                     "stored (set quantization to none, int8 or int4 to use the float checkpoint)")
-        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [N, K/32 * block bytes]
+        if len(t.shape) != 2:
+            raise QuantizationError(f"{self.path.name}: {name} is {t.shape}, not a matrix")
+        raw = read_rows(self.path, t)  # [N, K/32 * block bytes]
         n = raw.shape[0]
-        blocks = raw.view(n, -1, {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[kind])
+        blocks = raw.view(n, -1, BLOCK_BYTES[kind])
         d = blocks[..., 0:2].contiguous().view(torch.float16).view(n, -1)
         if kind == "Q8_0":
             return QuantizedWeight(blocks[..., 2:].contiguous().view(torch.int8).view(n, -1), d).check()
