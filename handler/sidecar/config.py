@@ -80,9 +80,9 @@ class SidecarConfig:
                                                  "/ready and /drain after the drain until SIGTERM)")
     torchserve_pid_file: str | None = _f(None, "pid file for stop_method=pid")
     close_listeners: bool = _f(True, "before stopping TorchServe (stop_method pid, or the "
-                                     "entrypoint), shut its inference listeners from outside so "
-                                     "a late connect is refused, not accepted then reset; needs "
-                                     "ptrace rights over the JVM (same user)")
+                                     "entrypoint), shut its listeners but management and metrics "
+                                     "from outside the JVM, so a late connect is refused, not "
+                                     "accepted then reset; Linux, ptrace rights over the JVM")
     report_file: str | None = _f(None, "write the drain report here as JSON")
     # Compile cache: restored before TorchServe starts, published during the drain
     cache_store: str | None = _f(None, "artifact store URI: s3://bucket/prefix or a directory")

@@ -36,6 +36,8 @@ def close_listeners(root_pid: int, keep_ports: Iterable[int] = ()) -> list[int]:
     """Shut down every listening TCP socket held by `root_pid` or its descendants, except those
     on `keep_ports` (the management and metrics ports the sidecar still reads). Returns the
     ports closed, sorted."""
+    if not hasattr(os, "pidfd_open") or not Path("/proc/self/net/tcp").exists():
+        raise ListenerCloseError("closing another process's listeners needs Linux >= 5.6 (pidfd_getfd, /proc)")
     keep = set(keep_ports)
     try:
         tree = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
