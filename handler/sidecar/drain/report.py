@@ -36,8 +36,17 @@ class DrainReport:
         return None if self.ended_epoch is None else self.ended_epoch - self.plan.started_epoch
 
     @property
+    def requests_cut(self) -> bool:
+        """Some request did not finish: the handler cut it when the wait ran out, or it was still
+        in flight when TorchServe stopped."""
+        return bool(self.cut_in_flight) or bool(self.in_flight_at_stop)
+
+    @property
     def exit_code(self) -> int:
-        return 0 if self.stopped else 1
+        """0: TorchServe stopped, nothing cut; 3: stopped, but requests were cut; 1: not stopped."""
+        if not self.stopped:
+            return 1
+        return 3 if self.requests_cut else 0
 
     def step(self, name: str) -> StepRecord | None:
         return next((record for record in self.steps if record.name == name), None)

@@ -132,6 +132,7 @@ def test_requests_still_running_near_the_end_of_the_wait_are_cut(clock) -> None:
     report = run_drain(notice(start + 120), deps(clock, calls, in_flight=running, cut_in_flight=calls("cut")), POLICY)
     assert calls.at("cut") - start == pytest.approx(104)  # wait ends at 105; cut_lead_s 1 before
     assert report.cut_in_flight == 3 and report.in_flight_at_stop == 0 and report.stopped
+    assert report.exit_code == 3  # stopped cleanly, but not everything finished
     assert "3 request(s) were cut, each ending with a retryable error" in report.step("wait_in_flight").detail
 
 
@@ -208,6 +209,11 @@ def test_optional_step_failure_does_not_stop_the_drain(clock) -> None:
                                                    request_capacity=calls("capacity")), POLICY)
     assert calls.names == ["not_ready", "capacity", "stop"]
     assert report.step("deregister").ok is False and report.exit_code == 0
+
+
+def test_requests_still_in_flight_at_the_stop_give_exit_code_3(clock) -> None:
+    report = run_drain(notice(clock() + 120), deps(clock, Calls(clock), in_flight=Sequence(4)), POLICY)
+    assert report.stopped and report.in_flight_at_stop == 4 and report.exit_code == 3
 
 
 def test_failed_stop_gives_exit_code_1(clock) -> None:
