@@ -9,6 +9,7 @@ Python workers), then SIGKILL for whatever outlives the timeout.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import time
@@ -48,7 +49,8 @@ def terminate_tree(root_pid: int, timeout_s: float,
 
     `wait_root(timeout) -> exited` lets the caller that owns the root (and reaps it with
     Popen.wait) do the waiting, so two reapers never race for the same exit status.
-    Raises TorchServeError when anything had to be killed.
+    Raises TorchServeError when anything had to be killed; a killed JVM cannot remove the model
+    archives it unpacked, so they are removed here (the workers' working directories).
     """
     try:
         root = psutil.Process(root_pid)
@@ -56,6 +58,7 @@ def terminate_tree(root_pid: int, timeout_s: float,
         top = [root, *root.children()]
     except psutil.NoSuchProcess:
         return
+    unpacked = unpacked_archives(descendants)
     _signal(top, signal.SIGTERM)
     give_up_at = time.monotonic() + timeout_s
     root_gone = wait_root(timeout_s) if wait_root else not _wait_gone([root], timeout_s)
@@ -67,8 +70,34 @@ def terminate_tree(root_pid: int, timeout_s: float,
     if not root_gone and wait_root is not None:
         wait_root(2.0)
     _wait_gone(doomed, 2.0)
+    removed = _remove(unpacked)
     raise TorchServeError(f"{len(alive) + (not root_gone)} process(es) outlived "
-                          f"{timeout_s:.1f} s and were killed")
+                          f"{timeout_s:.1f} s and were killed" + (f"; removed {removed}" if removed else ""))
+
+
+def unpacked_archives(processes: Iterable[psutil.Process]) -> list[Path]:
+    """The model archives TorchServe unpacked for these workers: a worker runs in its model's
+    unpack directory, <java.io.tmpdir>/models/<id>, which holds MAR-INF/MANIFEST.json."""
+    found = set()
+    for process in processes:
+        try:
+            cwd = Path(process.cwd())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if cwd.parent.name == "models" and (cwd / "MAR-INF" / "MANIFEST.json").is_file():
+            found.add(cwd)
+    return sorted(found)
+
+
+def _remove(paths: list[Path]) -> str:
+    done = []
+    for path in paths:
+        try:
+            shutil.rmtree(path)
+            done.append(str(path))
+        except OSError as err:
+            done.append(f"NOT {path} ({err.strerror})")
+    return ", ".join(done)
 
 
 def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:

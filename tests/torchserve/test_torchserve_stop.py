@@ -49,6 +49,41 @@ def test_process_ignoring_sigterm_is_killed_and_reported() -> None:
     assert proc.wait(timeout=5) == -9
 
 
+# A "JVM" that ignores SIGTERM, with a "worker" running in an unpacked archive, as TorchServe's do.
+UNPACKED_WORKER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=sys.argv[1])
+    print(worker.pid, flush=True)
+    time.sleep(60)
+""")
+
+
+def _unpacked(tmp_path: Path) -> Path:
+    unpacked = tmp_path / "models" / "71f063a422154c5db43510975c6cedff"
+    (unpacked / "MAR-INF").mkdir(parents=True)
+    (unpacked / "MAR-INF" / "MANIFEST.json").write_text("{}")
+    return unpacked
+
+
+def test_a_killed_tree_leaves_no_unpacked_archive_behind(tmp_path: Path) -> None:
+    unpacked = _unpacked(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", UNPACKED_WORKER, str(unpacked)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    with pytest.raises(TorchServeError, match=f"killed; removed {unpacked}"):
+        terminate_tree(proc.pid, timeout_s=0.3)
+    assert not unpacked.exists()
+
+
+def test_a_clean_stop_leaves_the_unpacked_archive_to_torchserve(tmp_path: Path) -> None:
+    unpacked = _unpacked(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", UNPACKED_WORKER.replace("signal.SIG_IGN", "signal.SIG_DFL"),
+                             str(unpacked)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    terminate_tree(proc.pid, timeout_s=5)
+    assert unpacked.exists()
+
+
 def test_caller_owned_root_is_waited_by_the_caller() -> None:
     proc, _ = spawn(PARENT)
     waited: list[float] = []

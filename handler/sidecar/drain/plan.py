@@ -40,8 +40,8 @@ class DrainPolicy:
     # notice is too short for all reserves.
     min_wait_s: float = 5.0
     # stop gets at least this much even when the deadline has passed: above TorchServe's clean
-    # shutdown (2.45-2.71 s in every graceful stop measured on 2 cores), else it is SIGKILLed and
-    # leaves its unpacked .mar behind
+    # shutdown (2.45-2.93 s in every graceful stop measured on 2 cores), else it is SIGKILLed (the
+    # stop then removes the .mar it unpacked: handler/torchserve/stop.py)
     min_stop_s: float = 5.0
     max_read_errors: int = 5  # consecutive failed in-flight reads before giving up the wait
     # Requests still running this long before the wait ends are cut by the handler (DrainDeps.
