@@ -15,6 +15,7 @@ the preStop `drain --wait` sees the result and a native sidecar is not restarted
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -26,12 +27,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from handler.cache import CacheMetrics
+from handler.cache.sync import PublishOutcome
 from handler.sidecar.app import cache_sync, wiring
 from handler.sidecar.config import SidecarConfig, StopMethod
 from handler.sidecar.drain import admission
 from handler.sidecar.drain.control import DrainControl
 from handler.sidecar.drain.deps import CachePublisher, DrainDeps
-from handler.sidecar.drain.plan import budget_warning
+from handler.sidecar.drain.plan import DrainPolicy, budget_warning
 from handler.sidecar.drain.report import DrainReport
 from handler.sidecar.drain.run import run_drain
 from handler.sidecar.endpoints.readiness import Readiness
@@ -75,6 +77,7 @@ class Sidecar:
         self.watchers = wiring.build_watchers(config, clock)
         self._stop = threading.Event()
         self._signalled = threading.Event()
+        self._in_store = threading.Event()  # the publish after start found the artifact in the store or put it there
         self._threads: list[threading.Thread] = []
         self._running = False
         self._deregister: Callable[[], None] | None = None
@@ -141,7 +144,7 @@ class Sidecar:
         return None
 
     def _drain(self, notice: TerminationNotice) -> DrainReport:
-        report = run_drain(notice, self.drain_deps(notice), self.config.drain_policy())
+        report = run_drain(notice, self.drain_deps(notice), self.drain_policy())
         self.control.finished(report)
         if self.config.report_file:
             wiring.write_report(Path(self.config.report_file), report)
@@ -182,6 +185,16 @@ class Sidecar:
             acknowledge=wiring.acknowledger(config, self.watchers, notice), current_deadline=self.board.deadline,
             metrics=self.metrics)
 
+    def drain_policy(self) -> DrainPolicy:
+        """The configured policy; once the artifact is known to be in the store, the drain's
+        publish only confirms it (~0.1 s), so its reserve goes to the in-flight wait instead."""
+        policy = self.config.drain_policy()
+        if self._in_store.is_set() and policy.publish_reserve_s:
+            log.info("drain: the compile artifact is already in the store; the publish reserve "
+                     "(%g s) goes to in-flight requests", policy.publish_reserve_s)
+            return dataclasses.replace(policy, publish_reserve_s=0.0)
+        return policy
+
     def budget_warnings(self) -> list[str]:
         """One line per notice this sidecar can get whose drain would leave the in-flight wait
         less than min_wait_s with every reserve in full (see drain/plan.py budget_warning)."""
@@ -217,6 +230,8 @@ class Sidecar:
             if ready:
                 outcome = publisher.publish_after_start()
                 self.metrics.publishes_after_start.labels(outcome=outcome).inc()
+                if outcome in (PublishOutcome.PUBLISHED, PublishOutcome.ALREADY_PRESENT):
+                    self._in_store.set()
                 return
             self._stop.wait(self.config.poll_interval_s)
 

@@ -192,6 +192,8 @@ def test_cold_start_artifact_is_published_once_torchserve_is_ready(
         report = sidecar.run()
     assert len(lines) == 1 and lines[0].startswith(f"compile cache: published {key.digest()}")
     assert report.errors == [] and report.published is False
+    # Known to be in the store: the drain's publish only confirms it, the wait gets its reserve.
+    assert report.plan.publish_reserve_s == 0 and report.plan.wait_until == report.plan.publish_by
     assert sidecar.registry.get_sample_value("ts_llm_sidecar_uploads_total",
                                              {"outcome": "unchanged"}) == 1
     assert len(after_start_lines(caplog)) == 1, "published once"
