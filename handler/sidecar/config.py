@@ -69,7 +69,8 @@ class SidecarConfig:
     # Drain
     drain_margin_s: float = _f(5.0, "finish the drain this long before the deadline")
     publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
-    stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe")
+    stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe until a stop was measured "
+                                     "here (stop_record_file)")
     min_wait_s: float = _f(5.0, "the in-flight wait keeps at least this long; a short notice "
                                 "shrinks the publish reserve first")
     quiet_s: float = _f(1.0, "in-flight must read 0 this long before the wait ends")
@@ -84,6 +85,9 @@ class SidecarConfig:
                                      "from outside the JVM, so a late connect is refused, not "
                                      "accepted then reset; Linux, ptrace rights over the JVM")
     report_file: str | None = _f(None, "write the drain report here as JSON")
+    stop_record_file: str | None = _f(None, "where drains record how long TorchServe took to stop "
+                                            "(the next drain's stop reserve comes from it); "
+                                            "default: stop-seconds.json beside cache_dir")
     # Compile cache: restored before TorchServe starts, published during the drain
     cache_store: str | None = _f(None, "artifact store URI: s3://bucket/prefix or a directory")
     cache_dir: str | None = _f(None, "local compile cache directory")

@@ -35,6 +35,7 @@ from handler.sidecar.drain.control import DrainControl
 from handler.sidecar.drain.deps import CachePublisher, DrainDeps
 from handler.sidecar.drain.plan import DrainPolicy, budget_warning
 from handler.sidecar.drain.report import DrainReport
+from handler.sidecar.drain.stop_record import read_stop_seconds, record_stop_seconds, stop_reserve
 from handler.sidecar.drain.run import run_drain
 from handler.sidecar.endpoints.readiness import Readiness
 from handler.sidecar.endpoints.replica_load import LoadCollector
@@ -145,6 +146,7 @@ class Sidecar:
 
     def _drain(self, notice: TerminationNotice) -> DrainReport:
         report = run_drain(notice, self.drain_deps(notice), self.drain_policy())
+        self._record_stop(report)
         self.control.finished(report)
         if self.config.report_file:
             wiring.write_report(Path(self.config.report_file), report)
@@ -186,14 +188,32 @@ class Sidecar:
             metrics=self.metrics)
 
     def drain_policy(self) -> DrainPolicy:
-        """The configured policy; once the artifact is known to be in the store, the drain's
-        publish only confirms it (~0.1 s), so its reserve goes to the in-flight wait instead."""
+        """The configured policy, with the stop reserve from the stops measured here (if any);
+        once the artifact is known to be in the store, the drain's publish only confirms it
+        (~0.1 s), so its reserve goes to the in-flight wait instead."""
         policy = self.config.drain_policy()
+        record = wiring.stop_record_path(self.config)
+        if record is not None and (measured := read_stop_seconds(record)):
+            reserve = stop_reserve(measured, policy.stop_reserve_s, policy.min_stop_s)
+            log.info("drain: stop reserve %.1f s from %d measured stop(s), the slowest %.2f s (%s)",
+                     reserve, len(measured), max(measured), record)
+            policy = dataclasses.replace(policy, stop_reserve_s=reserve)
         if self._in_store.is_set() and policy.publish_reserve_s:
             log.info("drain: the compile artifact is already in the store; the publish reserve "
                      "(%g s) goes to in-flight requests", policy.publish_reserve_s)
             return dataclasses.replace(policy, publish_reserve_s=0.0)
         return policy
+
+    def _record_stop(self, report: DrainReport) -> None:
+        """A clean stop of TorchServe done by this drain is a measurement for the next one."""
+        record, stop = wiring.stop_record_path(self.config), report.step("stop")
+        someone_here_stops = self.hooks.stop_torchserve is not None or self.config.stop_method is not StopMethod.NONE
+        if record is None or stop is None or not stop.ok or stop.ended_epoch is None or not someone_here_stops:
+            return
+        try:
+            record_stop_seconds(record, stop.ended_epoch - stop.started_epoch)
+        except OSError as err:
+            log.warning("stop record %s not written: %s", record, err)
 
     def budget_warnings(self) -> list[str]:
         """One line per notice this sidecar can get whose drain would leave the in-flight wait

@@ -21,6 +21,7 @@ from handler.sidecar.app import cache_sync
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
 from handler.sidecar.drain import admission, capacity
 from handler.sidecar.drain.report import DrainReport
+from handler.sidecar.drain.stop_record import NAME as STOP_RECORD_NAME
 from handler.sidecar.errors import CapacityError, ConfigError, SidecarError
 from handler.sidecar.notice.azure import AzureWatcher
 from handler.sidecar.notice.gcp import GcpWatcher
@@ -107,6 +108,14 @@ def stopper(config: SidecarConfig) -> Callable[[float], None]:
         pid_file = Path(config.torchserve_pid_file or "")
         return lambda timeout_s: stop_pid(read_pid_file(pid_file), timeout_s)
     return lambda timeout_s: None  # the orchestrator stops TorchServe
+
+
+def stop_record_path(config: SidecarConfig) -> Path | None:
+    """stop_record_file, else stop-seconds.json beside cache_dir (a replica's lasting state);
+    None without either."""
+    if config.stop_record_file:
+        return Path(config.stop_record_file)
+    return Path(config.cache_dir).parent / STOP_RECORD_NAME if config.cache_dir else None
 
 
 def pid_reader(config: SidecarConfig) -> Callable[[], int] | None:

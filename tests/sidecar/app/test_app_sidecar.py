@@ -148,6 +148,22 @@ def test_configured_cache_is_published_during_the_drain(
     assert after_start is None
 
 
+def test_a_measured_stop_sets_the_next_drains_stop_reserve(
+        emulator: MetadataEmulator, management: FakeManagement, tmp_path: Path) -> None:
+    record = tmp_path / "state" / "stop-seconds.json"
+    config = settings(emulator, management, stop_record_file=str(record), stop_reserve_s=30)
+    with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: time.sleep(0.2))) as sidecar:
+        assert sidecar.drain_policy().stop_reserve_s == 30  # nothing measured yet: the configured one
+        emulator.raise_spot_interruption(in_seconds=60)
+        report = sidecar.run()
+    assert report.plan.policy.stop_reserve_s == 30
+    recorded = json.loads(record.read_text())["stop_seconds"]
+    assert len(recorded) == 1 and recorded[0] >= 0.2
+    with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as again:
+        # max(0.2 s + 1 s, min_stop_s 5 s): the measurement, not the configured 30 s
+        assert again.drain_policy().stop_reserve_s == pytest.approx(5.0)
+
+
 # ---- the publish after start
 
 
