@@ -67,7 +67,7 @@ class SidecarConfig:
                                      "(the pod's terminationGracePeriodSeconds)")
     drain_on_rebalance: bool = _f(False, "treat an AWS rebalance recommendation as a notice")
     # Drain
-    drain_margin_s: float = _f(5.0, "finish the drain this long before the deadline")
+    drain_margin_s: float = _f(1.0, "finish the drain this long before the deadline")
     publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
     stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe until a stop was measured "
                                      "here (stop_record_file)")

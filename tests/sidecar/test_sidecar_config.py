@@ -70,8 +70,8 @@ def test_pid_stop_needs_a_pid_file() -> None:
 def test_defaults_are_valid_and_frozen() -> None:
     config = SidecarConfig()
     with pytest.raises(AttributeError):
-        config.drain_margin_s = 1.0  # type: ignore[misc]
-    assert config.drain_policy().margin_s == 5.0
+        config.drain_margin_s = 2.0  # type: ignore[misc]
+    assert config.drain_policy().margin_s == 1.0
     assert config.drain_policy().quiet_polls == 2
 
 

@@ -194,7 +194,7 @@ class Sidecar:
         policy = self.config.drain_policy()
         record = wiring.stop_record_path(self.config)
         if record is not None and (measured := read_stop_seconds(record)):
-            reserve = stop_reserve(measured, policy.stop_reserve_s, policy.min_stop_s)
+            reserve = stop_reserve(measured, policy.stop_reserve_s)
             log.info("drain: stop reserve %.1f s from %d measured stop(s), the slowest %.2f s (%s)",
                      reserve, len(measured), max(measured), record)
             policy = dataclasses.replace(policy, stop_reserve_s=reserve)

@@ -26,7 +26,10 @@ ALWAYS = frozenset({"not_ready", "wait_in_flight", "stop"})
 
 @dataclass(frozen=True)
 class DrainPolicy:
-    margin_s: float = 5.0  # everything done this long before the deadline (notices are best effort)
+    # Everything done this long before the deadline. Deadlines are the platform's own times (a
+    # signal's grace, IMDS/GCP/Azure event times, clocks NTP-synced), so a second covers the
+    # report and the last acknowledgement; the stop reserve has its own slack.
+    margin_s: float = 1.0
     publish_reserve_s: float = 15.0  # kept free for the cache publisher, when there is one
     stop_reserve_s: float = 10.0  # kept free for TorchServe's shutdown hook
     poll_interval_s: float = 0.5

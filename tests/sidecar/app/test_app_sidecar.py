@@ -160,8 +160,8 @@ def test_a_measured_stop_sets_the_next_drains_stop_reserve(
     recorded = json.loads(record.read_text())["stop_seconds"]
     assert len(recorded) == 1 and recorded[0] >= 0.2
     with Sidecar(config, Hooks(stop_torchserve=lambda timeout_s: None)) as again:
-        # max(0.2 s + 1 s, min_stop_s 5 s): the measurement, not the configured 30 s
-        assert again.drain_policy().stop_reserve_s == pytest.approx(5.0)
+        # max(0.2 s + 1 s, the 2 s floor): from the measurement, not the configured 30 s
+        assert again.drain_policy().stop_reserve_s == pytest.approx(2.0)
 
 
 # ---- the publish after start
@@ -347,9 +347,9 @@ def test_defaults_with_a_cache_store_warn_about_the_30_s_budget(
     # SIGTERM / drain request (signal_grace_s 30) and GCP (gcp_notice_s 30); AWS's 120 s fits.
     assert len(lines) == 2, lines
     signal_line = next(line for line in lines if "SIGTERM" in line)
-    for text in ("a 30 s SIGTERM or drain request notice leaves 0 s",
-                 "drain_margin_s=5 + stop_reserve_s=10 + publish_reserve_s=15",
-                 "shrinks the publish reserve to 10 s, so requests get 5 s",
+    for text in ("a 30 s SIGTERM or drain request notice leaves 4 s",
+                 "drain_margin_s=1 + stop_reserve_s=10 + publish_reserve_s=15",
+                 "shrinks the publish reserve to 14 s, so requests get 5 s",
                  "raise signal_grace_s (--signal-grace-s)", "drain_margin_s (--drain-margin-s)",
                  "stop_reserve_s (--stop-reserve-s)", "publish_reserve_s (--publish-reserve-s)"):
         assert text in signal_line, signal_line
