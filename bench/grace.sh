@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A 30 s SIGTERM grace after a measured stop: does a stream that needs ~ grace - stop - 3 s finish?
+#
+#     bash bench/grace.sh        # ~2 minutes on 2 cores; writes docs/results/grace.json
+#
+# The VM recipe's entrypoint (docs/operations.md) in front of a real TorchServe (eager .mar, token
+# auth on, the default ports 8080-8082 and 8090 must be free). A first SIGTERM measures the stop
+# (stop_record_file); on the second start the decode speed is measured with one request, a stream
+# sized to need grace - measured stop - 3.5 s is started, and SIGTERM follows 0.5 s later.
+set -u
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/ts-llm-grace.XXXX")
+GRACE=30
+source "$REPO/.venv/bin/activate"
+STORE="$RUN/model_store"
+python -m handler.build.cli --compile eager --drain-flag-file "$RUN/draining" --model-store "$STORE" > "$RUN/archive.log" 2>&1 \
+    || { echo "archive failed: see $RUN/archive.log"; exit 1; }
+cd "$RUN"
+sed "s|^metrics_config=.*|metrics_config=$REPO/metrics.yaml|" "$REPO/config.properties" > config.properties
+
+start() {
+  python -m handler.sidecar.app.entrypoint --listen-port 8090 --signal-grace-s $GRACE \
+    --drain-flag-file "$RUN/draining" --stop-record-file "$RUN/stop-seconds.json" \
+    --report-file "$RUN/drain-report-$1.json" -- \
+    torchserve --start --foreground --ncs --model-store "$STORE" --models llm=llm.mar \
+    --ts-config config.properties > "$RUN/entry-$1.log" 2>&1 &
+  EP=$!
+  for _ in $(seq 1 300); do curl -sf localhost:8090/ready > /dev/null && break; sleep 1; done
+  KEY=$(python -c "import json; print(json.load(open('$RUN/key_file.json'))['inference']['key'])")
+}
+
+start 1
+kill -TERM $EP; wait $EP
+start 2
+T0=$(date +%s.%N)
+curl -s -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" localhost:8080/predictions/llm \
+    -d '{"prompt": "Hello", "max_new_tokens": 64, "ignore_eos": true}' > /dev/null
+T1=$(date +%s.%N)
+read -r RATE STOP TOKENS < <(python -c "
+import json
+rate = 64 / ($T1 - $T0)
+stop = max(json.load(open('$RUN/stop-seconds.json'))['stop_seconds'])
+print(rate, stop, int(rate * ($GRACE - stop - 3.5)))")
+( curl -sN -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" localhost:8080/predictions/llm \
+    -d "{\"prompt\": \"Hello\", \"max_new_tokens\": $TOKENS, \"ignore_eos\": true, \"stream\": true}" > "$RUN/stream.out"
+  date +%s.%N > "$RUN/stream.end" ) &
+SP=$!
+sleep 0.5
+TS=$(date +%s.%N)
+kill -TERM $EP
+wait $SP
+wait $EP
+EXIT=$?
+python - "$REPO/docs/results/grace.json" <<PY
+import json, sys
+lines = [l for l in open("$RUN/stream.out").read().splitlines() if l.strip()]
+last = json.loads(lines[-1]) if lines else {}
+report = json.load(open("$RUN/drain-report-2.json"))
+plan = report["plan"]
+result = {
+    "command": "bash bench/grace.sh", "grace_s": $GRACE, "measured_stop_s": $STOP,
+    "decode_tokens_per_s": round($RATE, 2), "stream_tokens": $TOKENS,
+    "stream_finish_reason": last.get("finish_reason"),
+    "stream_ended_after_sigterm_s": round(float(open("$RUN/stream.end").read()) - $TS, 2),
+    "target_stream_s": round($GRACE - $STOP - 3, 2),
+    "stop_reserve_s": plan["policy"]["stop_reserve_s"], "margin_s": plan["policy"]["margin_s"],
+    "wait_budget_s": round(plan["wait_until"] - plan["started_epoch"], 2),
+    "drain_seconds": round(report["drain_seconds"], 2), "drain_exit_code": report["exit_code"],
+    "entrypoint_exit_code": $EXIT,
+    "steps": {s["name"]: round(s["ended_epoch"] - s["started_epoch"], 2) for s in report["steps"]},
+}
+open(sys.argv[1], "w").write(json.dumps(result, indent=2) + "\n")
+print(json.dumps(result))
+PY
