@@ -34,7 +34,8 @@ from pathlib import Path
 from chaos_lb import lb_phase
 from chaos_load import Load, Record, Target, as_rows
 from chaos_replica import (BUCKET, MODEL, PREFIX, Moto, Sidecar, build_archive, published_objects,
-                           replica_with_sidecar, start_moto, stop_process, write_compile_cache)
+                           raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
+                           write_compile_cache)
 from chaos_report import write_outputs
 from chaos_timeline import Sample, Sampler
 
@@ -155,10 +156,7 @@ def run_spot(args: argparse.Namespace, phase: SpotPhase, ts: TorchServe, sidecar
     load = Load(target(ts), args.clients, tokens=tuple(args.tokens)).start()
     try:
         time.sleep(args.warmup_s)
-        phase.notice_at = time.time()
-        notice = emulator.raise_spot_interruption("terminate", args.deadline_s)
-        phase.deadline_at = _rfc3339(notice["time"])
-        print(f"chaos: spot interruption raised, deadline {notice['time']}", flush=True)
+        phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, "")
         phase.sidecar_exit_code = sidecar.process.wait(timeout=args.deadline_s + 60)
         phase.sidecar_exit_at = time.time()
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
@@ -246,12 +244,6 @@ def _wait_time(probe, timeout_s: float) -> float | None:  # noqa: ANN001
 def _until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
     if _wait_time(condition, timeout_s) is None:
         raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _rfc3339(text: str) -> float:
-    from handler.sidecar.notice.termination import parse_rfc3339
-
-    return parse_rfc3339(text)
 
 
 if __name__ == "__main__":

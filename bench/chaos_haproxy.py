@@ -25,6 +25,7 @@ from pathlib import Path
 
 import requests
 
+from chaos_replica import stop_process
 from handler.torchserve.launch import free_port
 
 
@@ -127,10 +128,4 @@ class HAProxy:
         raise TimeoutError(f"HAProxy did not see {names} UP within {timeout_s} s; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process, timeout_s=10)

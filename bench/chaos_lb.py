@@ -18,9 +18,9 @@ from pathlib import Path
 
 import requests
 
-from chaos_haproxy import HAProxy, Backend, ensure_installed
+from chaos_haproxy import Backend, HAProxy, ensure_installed
 from chaos_load import Load, Record, Target
-from chaos_replica import MODEL, build_archive, replica_with_sidecar
+from chaos_replica import MODEL, build_archive, raise_spot_notice, replica_with_sidecar
 from chaos_timeline import Sample, Sampler
 
 from handler.testing.metadata_emulator import MetadataEmulator
@@ -82,10 +82,7 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar, 
                 tokens=tuple(args.tokens)).start()
     try:
         time.sleep(args.warmup_s)
-        phase.notice_at = time.time()
-        notice = emulator.raise_spot_interruption("terminate", args.deadline_s)
-        phase.deadline_at = _epoch(notice["time"])
-        print(f"chaos: spot interruption raised on {NOTICED} behind HAProxy", flush=True)
+        phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, f" on {NOTICED} behind HAProxy")
         sidecar.process.wait(timeout=args.deadline_s + 60)
         phase.stopped_at = time.time()
         time.sleep(args.tail_s)  # the survivor carries the load
@@ -126,9 +123,3 @@ class _DownWatch:
             if status is not None and not status.startswith("UP"):
                 self.down_at = time.time()
             self._stop.wait(self.interval_s)
-
-
-def _epoch(text: str) -> float:
-    from handler.sidecar.notice.termination import parse_rfc3339
-
-    return parse_rfc3339(text)

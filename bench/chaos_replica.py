@@ -133,6 +133,16 @@ def start_replica_torchserve(store: Path, work: Path, extra_props: dict[str, str
     return ts
 
 
+def raise_spot_notice(emulator: MetadataEmulator, deadline_s: float, label: str) -> tuple[float, float]:
+    """Raise a spot interruption on the emulator; (when it was raised, its deadline), epochs."""
+    from handler.sidecar.notice.termination import parse_rfc3339
+
+    raised_at = time.time()
+    notice = emulator.raise_spot_interruption("terminate", deadline_s)
+    print(f"chaos: spot interruption raised{label}, deadline {notice['time']}", flush=True)
+    return raised_at, parse_rfc3339(notice["time"])
+
+
 @contextmanager
 def replica_with_sidecar(work: Path, store: Path, settings: Callable[[MetadataEmulator], dict[str, object]],
                          extra_props: dict[str, str] | None = None) -> Iterator[tuple[TorchServe, Sidecar, MetadataEmulator]]:

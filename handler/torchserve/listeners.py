@@ -40,7 +40,8 @@ def close_listeners(root_pid: int, keep_ports: Iterable[int] = ()) -> list[int]:
         raise ListenerCloseError("closing another process's listeners needs Linux >= 5.6 (pidfd_getfd, /proc)")
     keep = set(keep_ports)
     try:
-        tree = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess as err:
         raise ListenerCloseError(f"no process {root_pid}") from err
     listening = {inode: port for inode, port in _listening_inodes(root_pid).items() if port not in keep}

@@ -152,10 +152,13 @@ class Sidecar:
             wiring.write_report(Path(self.config.report_file), report)
         return report
 
+    @property
+    def _stops_torchserve(self) -> bool:
+        """Whether this sidecar's drain stops TorchServe (else the orchestrator does)."""
+        return self.hooks.stop_torchserve is not None or self.config.stop_method is not StopMethod.NONE
+
     def _lingers(self, notice: TerminationNotice) -> bool:
-        someone_else_stops = (self.hooks.stop_torchserve is None
-                              and self.config.stop_method is StopMethod.NONE)
-        return someone_else_stops and notice.kind is not NoticeKind.SIGNAL
+        return not self._stops_torchserve and notice.kind is not NoticeKind.SIGNAL
 
     def _linger(self, until: threading.Event) -> None:
         log.info("drain done; serving /ready (503) and /drain until SIGTERM")
@@ -207,8 +210,7 @@ class Sidecar:
     def _record_stop(self, report: DrainReport) -> None:
         """A clean stop of TorchServe done by this drain is a measurement for the next one."""
         record, stop = wiring.stop_record_path(self.config), report.step("stop")
-        someone_here_stops = self.hooks.stop_torchserve is not None or self.config.stop_method is not StopMethod.NONE
-        if record is None or stop is None or not stop.ok or stop.ended_epoch is None or not someone_here_stops:
+        if record is None or stop is None or not stop.ok or stop.ended_epoch is None or not self._stops_torchserve:
             return
         try:
             record_stop_seconds(record, stop.ended_epoch - stop.started_epoch)

@@ -104,9 +104,8 @@ def config_cutter(config: SidecarConfig, clock: Clock) -> Callable[[], None] | N
 def stopper(config: SidecarConfig) -> Callable[[float], None]:
     if config.stop_method is StopMethod.CLI:
         return stop_with_cli
-    if config.stop_method is StopMethod.PID:
-        pid_file = Path(config.torchserve_pid_file or "")
-        return lambda timeout_s: stop_pid(read_pid_file(pid_file), timeout_s)
+    if (pid := pid_reader(config)) is not None:
+        return lambda timeout_s: stop_pid(pid(), timeout_s)
     return lambda timeout_s: None  # the orchestrator stops TorchServe
 
 
