@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 StepName = Literal["prefill", "decode"]
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-FORMAT = 6  # bump when the layout below changes (6: one batch-1 decode graph); it is part of the artifact's cache key
+FORMAT = 7  # bump when the layout below changes (6: one batch-1 decode graph; 7: packed quantized weights); it is part of the artifact's cache key
 
 
 class AotError(RuntimeError):

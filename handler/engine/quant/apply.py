@@ -44,7 +44,10 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
         if w.shape != (linear.out_features, linear.in_features):
             raise QuantizationError(f"{name}: quantized weight is {w.shape}, the model expects "
                                     f"{(linear.out_features, linear.in_features)}")
-        linear.quantize(w)
+        try:
+            linear.quantize(w.pack())  # the CPU kernels' layout (other devices dequantize it as well)
+        except QuantizationError as err:
+            raise QuantizationError(f"{name}: {err}") from err
     if gguf is not None:
         embedding = model.tok_embeddings.weight
         model.tok_embeddings.weight = torch.nn.Parameter(ops.dequantize(gguf.embedding()).to(embedding.dtype),

@@ -6,7 +6,11 @@
     d (and m for int4): float16 [N, K/G], one per group of G consecutive weights of a row
 
 float16 scales are what GGUF stores, so its tensors are taken bit for bit; a group is a whole
-number of 32-weight blocks (the kernels' unit)."""
+number of 32-weight blocks (the kernels' unit).
+
+pack() reorders the same bytes into the CPU kernels' layout (kernels.c: rows in groups of 8, the
+8 rows of each 32-column block interleaved every 4 columns; q [N/8, K/32, 256 or 128], d and m
+[N/8, K/G, 8]); unpack() reverses it. A packed weight is what a model keeps on CPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +19,7 @@ import torch
 from torch import Tensor
 
 BLOCK = 32
+ROWS = 8  # rows per group of the packed layout
 
 
 class QuantizationError(ValueError):
@@ -32,8 +37,14 @@ class QuantizedWeight:
         return 8 if self.q.dtype == torch.int8 else 4
 
     @property
+    def packed(self) -> bool:
+        return self.q.dim() == 3
+
+    @property
     def shape(self) -> tuple[int, int]:
         """[N, K] of the float weight this stands for."""
+        if self.packed:
+            return self.q.shape[0] * ROWS, self.q.shape[1] * BLOCK
         n, width = self.q.shape
         return n, width * (8 // self.bits)
 
@@ -57,7 +68,52 @@ class QuantizedWeight:
 
     def rows(self, index: Tensor) -> "QuantizedWeight":
         """The rows `index` (a permutation or selection of output features), still quantized."""
+        assert not self.packed, "select rows before packing"
         return QuantizedWeight(self.q[index], self.d[index], None if self.m is None else self.m[index])
+
+
+    def pack(self) -> "QuantizedWeight":
+        """The same values in the CPU kernels' layout (module docstring)."""
+        if self.packed:
+            return self
+        n, k = self.shape
+        if n % ROWS:
+            raise QuantizationError(f"a quantized weight needs a multiple of {ROWS} output features, this one has {n}")
+        if self.bits == 8:  # byte 32 c + 4 r + i of block b: column 4 c + i of row r
+            q = self.q.view(n // ROWS, ROWS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
+        else:  # low nibble: column 8 c + i, high nibble: column 8 c + 4 + i
+            v = _nibbles(self.q, n, k).view(n // ROWS, ROWS, k // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            q = v[..., 0] | (v[..., 1] << 4)
+        return QuantizedWeight(q.reshape(n // ROWS, k // BLOCK, -1).contiguous(), _pack_groups(self.d),
+                               None if self.m is None else _pack_groups(self.m))
+
+    def unpack(self) -> "QuantizedWeight":
+        """The row-major layout back from pack()'s."""
+        if not self.packed:
+            return self
+        n, k = self.shape
+        if self.bits == 8:
+            q = self.q.view(n // ROWS, k // BLOCK, 8, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
+        else:
+            b = self.q.view(n // ROWS, k // BLOCK, 4, ROWS, 4)
+            v = torch.stack([b & 0x0F, b >> 4], dim=-1).permute(0, 3, 1, 2, 5, 4).reshape(n, k // BLOCK, BLOCK)
+            q = (v[..., : BLOCK // 2] | (v[..., BLOCK // 2:] << 4)).reshape(n, k // 2)
+        return QuantizedWeight(q.contiguous(), _unpack_groups(self.d), None if self.m is None else _unpack_groups(self.m))
+
+
+def _nibbles(q: Tensor, n: int, k: int) -> Tensor:
+    """Row-major int4 bytes [N, K/2] -> values [N, K] in 0..15, in column order."""
+    blocks = q.view(n, k // BLOCK, BLOCK // 2)
+    return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).view(n, k)
+
+
+def _pack_groups(s: Tensor) -> Tensor:  # [N, groups] -> [N/8, groups, 8]
+    n, groups = s.shape
+    return s.view(n // ROWS, ROWS, groups).transpose(1, 2).contiguous()
+
+
+def _unpack_groups(s: Tensor) -> Tensor:  # [N/8, groups, 8] -> [N, groups]
+    return s.transpose(1, 2).reshape(-1, s.shape[1]).contiguous()
 
 
 def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:

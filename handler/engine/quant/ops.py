@@ -1,7 +1,8 @@
 """`ts_llm::quantized_linear`: F.linear with a QuantizedWeight, the op the compiled graphs call.
 
 Opaque to Inductor (like handler.engine.packed's op). On CPU its kernel is C++ (kernel.py builds
-torch_op.cpp with kernels.c), which reads the quantized bytes directly at any row count: one row
+torch_op.cpp with kernels.c), which takes weights in its own layout (QuantizedWeight.pack()) and
+reads the quantized bytes directly at any row count: one row
 streams them, several rows dequantize a cache-sized chunk at a time. Quantized weights get no
 oneDNN-packed float copy: from 64 rows (prefill) it would be 10-25% faster than the chunked
 kernel, at the cost of a float32 copy of every weight, 6x the int4 bytes. Elsewhere (CUDA) the op
@@ -23,6 +24,7 @@ _lib.define("quantized_linear(Tensor x, Tensor q, Tensor d, Tensor? m=None, Tens
 def dequantize(w: QuantizedWeight) -> Tensor:
     """The float32 weight [N, K] (the reference the kernels and tests are held to): d * q (+ m),
     computed as GGUF's own dequantization does."""
+    w = w.unpack()
     n, k = w.shape
     if w.bits == 8:
         q = w.q.float()
@@ -47,7 +49,7 @@ _lib.impl("quantized_linear", _dequantizing, "CUDA")
 def _(x: Tensor, q: Tensor, d: Tensor, m: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
     if x.device.type == "cpu":
         kernel.load()  # a graph being traced will call the CPU kernel
-    return x.new_empty(*x.shape[:-1], q.shape[0])
+    return x.new_empty(*x.shape[:-1], QuantizedWeight(q, d, m).shape[0])
 
 
 def quantized_linear(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) -> Tensor:

@@ -11,14 +11,18 @@ namespace {
 
 at::Tensor quantized_linear_cpu(const at::Tensor &x, const at::Tensor &q, const at::Tensor &d,
                                 const std::optional<at::Tensor> &m, const std::optional<at::Tensor> &bias) {
-    const int64_t K = x.size(-1), N = q.size(0);
+    // q, d, m in the kernels' layout (layout.py's pack()): q [N/8, K/32, 256 (int8) or 128 (int4)],
+    // d and m float16 [N/8, K/G, 8]
+    const int64_t K = x.size(-1);
     const int bits = q.scalar_type() == at::kChar ? 8 : 4;
     TORCH_CHECK(x.scalar_type() == at::kFloat, "quantized_linear: x must be float32, got ", x.scalar_type());
-    TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && (bits == 8 || q.scalar_type() == at::kByte),
-                "quantized_linear: q must be contiguous int8 [N, K] or uint8 [N, K/2]");
-    TORCH_CHECK(q.size(1) * (8 / bits) == K && K % 32 == 0, "quantized_linear: q ", q.sizes(), " does not fit x ", x.sizes());
-    TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 && d.size(0) == N && K % d.size(1) == 0,
-                "quantized_linear: d must be contiguous float16 [N, groups]");
+    TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && (bits == 8 || q.scalar_type() == at::kByte)
+                    && q.size(2) == 32 * bits && q.size(1) * 32 == K,
+                "quantized_linear: q ", q.sizes(), " is not a packed weight (QuantizedWeight.pack()) for x ", x.sizes());
+    const int64_t N = q.size(0) * 8;
+    TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 3 && d.size(0) == q.size(0)
+                    && d.size(2) == 8 && d.size(1) > 0 && K % d.size(1) == 0 && (K / d.size(1)) % 32 == 0,
+                "quantized_linear: d must be contiguous float16 [N/8, groups, 8]");
     TORCH_CHECK(bits == 8 ? !m.has_value() : (m.has_value() && m->sizes() == d.sizes() && m->scalar_type() == at::kHalf
                                               && m->is_contiguous()),
                 "quantized_linear: m (float16, shaped like d) is needed for int4 and only for int4");

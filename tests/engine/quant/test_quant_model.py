@@ -19,9 +19,10 @@ def _logits(model, tokens):
         return model.prefill(tokens, torch.tensor([0]), torch.tensor([tokens.shape[1] - 1]))
 
 
-# The head sees one row here (the last position), whose x the kernels round to int8 per block of
-# 32 (kernels.c): logits of magnitude ~1 move by a few thousandths; float32 rounding alone, ~1e-5.
-ONE_ROW_ATOL = 1e-2
+# The kernels round every row of x to int8 per block of 32 (kernels.c), in every projection of
+# every layer: logits of magnitude ~1 move by up to ~1.2e-2 here (int4, measured); float32
+# rounding alone, ~1e-5.
+ROUNDED_X_ATOL = 2.5e-2
 
 
 def _dequantized_twin(model, ckpt):
@@ -41,7 +42,7 @@ def test_quantized_model_matches_its_dequantized_twin(tiny_checkpoint, quantizat
     assert all(linear.quantized is not None for _, linear in projections(loaded.model))
     tokens = torch.tensor([[5, 17, 300, 41, 9, 2000]])
     twin = _dequantized_twin(loaded.model, open_checkpoint(tiny_checkpoint))
-    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=ONE_ROW_ATOL, rtol=2e-3)
+    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=ROUNDED_X_ATOL, rtol=2e-3)
 
 
 def test_a_gguf_beside_the_checkpoint_is_served_under_auto(tiny_checkpoint, tmp_path):
@@ -58,7 +59,7 @@ def test_a_gguf_beside_the_checkpoint_is_served_under_auto(tiny_checkpoint, tmp_
     assert head is not None and head.bits == 8 and head.group_size == 32
     tokens = torch.tensor([[5, 17, 300, 41]])
     twin = _dequantized_twin(loaded.model, open_checkpoint(ckpt_dir))
-    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=ONE_ROW_ATOL, rtol=2e-3)
+    torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=ROUNDED_X_ATOL, rtol=2e-3)
     # and the GGUF's weights are the float model's, to Q8_0's precision
     torch.testing.assert_close(_logits(twin, tokens), _logits(_with_cache(float_model), tokens), atol=0.1, rtol=0.05)
 
@@ -101,7 +102,9 @@ def _write_gguf_of(model, path, gguf):
 
 def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_checkpoint(default_checkpoint):
     """The default checkpoint's float weights are its Q4_1 GGUF, dequantized and stored in bf16: the
-    GGUF served as stored gives the same next tokens, with logits within bf16's rounding of the weights."""
+    GGUF served as stored gives the same next tokens. Logits differ by bf16's rounding of the weights
+    and the kernels' rounding of x to int8 per block of 32 in every projection (as llama.cpp's
+    Q4_1 x Q8_1 products do): up to ~1.5 on logits of magnitude ~10 here (measured)."""
     def build(quantization):
         return build_engine(EngineConfig(default_checkpoint, dtype="float32", compile="eager", quantization=quantization,
                                          max_batch_size=2, max_seq_len=128, packed_weights="off"))
@@ -114,7 +117,7 @@ def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_c
         tokens = torch.tensor([served.engine.tokenizer.encode(prompt)])
         a, b = _logits(served.model, tokens), _logits(plain.model, tokens)
         assert a.argmax() == b.argmax(), prompt
-        assert (a - b).abs().max() < 0.5, (prompt, (a - b).abs().max())
+        assert (a - b).abs().max() < 2.5, (prompt, (a - b).abs().max())
 
 
 def _copy(tiny_checkpoint, tmp_path):

@@ -1,5 +1,5 @@
-"""ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels.c: one row (8-block
-loop and the tail), several rows (3x4 tiles and edges), and the checks that keep bad tensors out of C."""
+"""ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels.c: one row, several
+rows (3x4 tiles and edges), the packed layout it reads, and the checks that keep bad tensors out of C."""
 from __future__ import annotations
 
 import re
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from handler.engine.quant import ops
-from handler.engine.quant.layout import QuantizedWeight
+from handler.engine.quant.layout import QuantizationError, QuantizedWeight
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
 
 
 def _weights(bits: int, n: int, k: int, group: int) -> QuantizedWeight:
     torch.manual_seed(n * k + bits)
     w = torch.randn(n, k) * 0.05
-    return quantize_int8(w) if bits == 8 else quantize_int4(w, group)
+    return (quantize_int8(w) if bits == 8 else quantize_int4(w, group)).pack()
 
 
 def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
@@ -24,17 +24,17 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Ten
     if bias is not None:
         ref = ref + bias.double()
     rows = x.double().reshape(-1, ref_w.shape[1])
-    # One row: x is rounded to int8 per 32-block, each value off by at most 1/254 of its block's
-    # largest |x|; several rows are float32 throughout. Sums are float32 either way.
+    # x is rounded to int8 per 32-block, each value off by at most 1/254 of its block's largest
+    # |x|; sums are float32.
     block_max = rows.abs().view(rows.shape[0], -1, 32).amax(-1).repeat_interleave(32, -1)
-    rounding = (block_max @ ref_w.abs().T) / 254 if rows.shape[0] == 1 else 0
+    rounding = (block_max @ ref_w.abs().T) / 254
     bound = rounding + (rows.abs() @ ref_w.abs().T) * 1e-5 + 1e-5
     err = (y.double().reshape(ref.shape) - ref).abs()
     assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("n,k", [(37, 320), (64, 96), (8, 576)])  # 8 blocks + tail; tail only; N % 4 == 0
+@pytest.mark.parametrize("n,k", [(40, 320), (64, 96), (8, 576)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 16])
 def test_matches_dequantized_product(bits, n, k, rows):
     w = _weights(bits, n, k, 32)
@@ -44,7 +44,7 @@ def test_matches_dequantized_product(bits, n, k, rows):
 
 @pytest.mark.parametrize("group", [64, 96])
 def test_int4_groups_wider_than_a_block(group):
-    w = _weights(4, 12, 192, group)
+    w = _weights(4, 16, 192, group)
     for rows in (1, 4):
         x = torch.randn(rows, 192)
         _check(ops.quantized_linear(x, w), x, w)
@@ -58,6 +58,35 @@ def test_bias_and_leading_dims_and_dtype_kept():
     assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
     ref = (x.float().reshape(6, 64) @ ops.dequantize(w).T + bias.float()).reshape(2, 3, 16)
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)  # bf16 output rounding
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_pack_reorders_bytes_and_unpack_restores_them(bits):
+    torch.manual_seed(bits)
+    w = quantize_int8(torch.randn(16, 64)) if bits == 8 else quantize_int4(torch.randn(16, 64), 32)
+    packed = w.pack()
+    assert packed.packed and packed.shape == w.shape and packed.q.shape == (2, 2, 32 * bits)
+    assert packed.d.shape == (2, w.d.shape[1], 8)
+    restored = packed.unpack()
+    assert all(torch.equal(a, b) for a, b in zip((restored.q, restored.d), (w.q, w.d)))
+    assert bits == 8 or torch.equal(restored.m, w.m)
+    assert torch.equal(ops.dequantize(packed), ops.dequantize(w))
+
+
+def test_int4_packed_bytes_follow_the_kernels_layout():
+    """Byte 32 c + 4 r + i of a block: column 8 c + i of row r (low nibble), column 8 c + 4 + i (high)."""
+    values = (torch.arange(8 * 32) % 16).view(8, 32).float()
+    values[:, 0] = 0
+    values[:, 1] = 15  # every row's group spans 0..15: d = 1, m = 0, q = value
+    q = quantize_int4(values, 32).pack().q[0, 0]
+    for c, r, i in ((0, 0, 0), (1, 3, 2), (3, 7, 3)):
+        byte = int(q[32 * c + 4 * r + i])
+        assert (byte & 0x0F, byte >> 4) == (int(values[r, 8 * c + i]), int(values[r, 8 * c + 4 + i]))
+
+
+def test_pack_refuses_a_row_count_not_a_multiple_of_8():
+    with pytest.raises(QuantizationError, match="multiple of 8 output features, this one has 12"):
+        quantize_int8(torch.randn(12, 64)).pack()
 
 
 def test_zero_rows():
@@ -88,9 +117,18 @@ def test_many_rows_read_the_quantized_bytes_too():
     _check(ops.quantized_linear(x, w), x, w)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_row_gets_the_same_result_in_any_batch(bits):
+    w = _weights(bits, 64, 1536, 32)  # several row-group chunks
+    x = torch.randn(7, 1536)
+    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(7)])
+    assert torch.equal(ops.quantized_linear(x, w), alone)
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda x, q, d, m: (x.double(), q, d, m), "x must be float32"),
-    (lambda x, q, d, m: (x, q[:, :16].contiguous(), d, m), "does not fit x"),
+    (lambda x, q, d, m: (x, q[:, :1].contiguous(), d, m), "is not a packed weight"),
+    (lambda x, q, d, m: (x, q.view(8, -1), d, m), "is not a packed weight"),
     (lambda x, q, d, m: (x, q, d.float(), m), "d must be contiguous float16"),
     (lambda x, q, d, m: (x, q, d, None), "m (float16, shaped like d) is needed for int4"),
 ])
