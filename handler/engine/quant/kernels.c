@@ -102,91 +102,118 @@ static RoundedRow round_row(const float *x, int64_t K) {
 
 static void free_row(RoundedRow r) { free(r.q); free(r.scale); free(r.sum); }
 
-/* The 8 rows' sum(q * xq) over one block of 32 columns: lane r is row r.
+/* The 8 rows' sum(q * xq) over one block of 32 columns: lane r is row r. A block's weights are
+ * loaded (and, int4, split into nibbles) once as a Block and multiplied with each x row's block.
  * AVX2: vpmaddubsw multiplies unsigned bytes by signed ones and adds pairs to int16, vpmaddwd adds
  * pairs to int32, so 4 columns of 8 rows against x's 4 (broadcast) land in one int32 per row. No
  * int16 overflow: int4 sums 8 pair sums (8 * 2 * 15 * 127 = 30480) before widening; int8 pairs
  * (2 * 128 * 127 = 32512) are widened one at a time. */
 #if defined(__AVX2__)
+typedef struct { __m256i v[8]; } Block;  /* int4: chunk c's low nibbles in v[2c], high in v[2c+1]; int8: chunks */
+
 static inline __m256i x4(const int8_t *xq) { int32_t v; memcpy(&v, xq, 4); return _mm256_set1_epi32(v); }
 
-static inline i8v block_isum4(const uint8_t *blk, const int8_t *xq) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256i pairs = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 32 * c));
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(b, nibble), x4(xq + 8 * c)));
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), nibble),
-                                                             x4(xq + 8 * c + 4)));
+static inline Block load_block(int bits, const uint8_t *blk) {
+    Block w;
+    if (bits == 8) {
+        for (int c = 0; c < 8; c++) w.v[c] = _mm256_loadu_si256((const __m256i *)(blk + 32 * c));
+    } else {
+        const __m256i nibble = _mm256_set1_epi8(0x0F);
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 32 * c));
+            w.v[2 * c] = _mm256_and_si256(b, nibble);
+            w.v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+        }
     }
-    return (i8v)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return w;
 }
 
-static inline i8v block_isum8(const uint8_t *blk, const int8_t *xq) {
+static inline i8v block_isum(int bits, const Block *w, const int8_t *xq) {
     const __m256i ones = _mm256_set1_epi16(1);
+    if (bits == 4) {  /* nibble vector j covers columns 4j..4j+3 */
+        __m256i pairs = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w->v[j], x4(xq + 4 * j)));
+        return (i8v)_mm256_madd_epi16(pairs, ones);
+    }
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 8; c++) {  /* |w| times x with w's sign */
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 * c)), x = x4(xq + 4 * c);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones));
+        const __m256i x = x4(xq + 4 * c);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w->v[c], w->v[c]),
+                                                                           _mm256_sign_epi8(x, w->v[c])), ones));
     }
     return (i8v)acc;
 }
 #else
-static inline i8v block_isum4(const uint8_t *blk, const int8_t *xq) {
-    i8v acc = {0};
-    for (int c = 0; c < 4; c++)
-        for (int r = 0; r < ROWS; r++)
-            for (int i = 0; i < 4; i++) {
-                const uint8_t b = blk[32 * c + 4 * r + i];
-                acc[r] += (b & 0x0F) * xq[8 * c + i] + (b >> 4) * xq[8 * c + 4 + i];
-            }
-    return acc;
-}
+typedef struct { const uint8_t *blk; } Block;
 
-static inline i8v block_isum8(const uint8_t *blk, const int8_t *xq) {
+static inline Block load_block(int bits, const uint8_t *blk) { (void)bits; return (Block){blk}; }
+
+static inline i8v block_isum(int bits, const Block *w, const int8_t *xq) {
     i8v acc = {0};
-    for (int c = 0; c < 8; c++)
-        for (int r = 0; r < ROWS; r++)
-            for (int i = 0; i < 4; i++) acc[r] += ((const int8_t *)blk)[32 * c + 4 * r + i] * xq[4 * c + i];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < 8; c++)
+            for (int i = 0; i < 4; i++) {
+                if (bits == 8) {
+                    acc[r] += ((const int8_t *)w->blk)[32 * c + 4 * r + i] * xq[4 * c + i];
+                } else if (c < 4) {
+                    const uint8_t b = w->blk[32 * c + 4 * r + i];
+                    acc[r] += (b & 0x0F) * xq[8 * c + i] + (b >> 4) * xq[8 * c + 4 + i];
+                }
+            }
     return acc;
 }
 #endif
 
-/* y[0..8) for one row group; inlined with constant bits so both accumulators stay in registers */
-static inline __attribute__((always_inline)) void gemv_group(int bits, RoundedRow x, const uint8_t *q,
+/* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits and R
+ * so the accumulators stay in registers. Each x row's arithmetic is the same whatever R is. */
+static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedRow *x, const uint8_t *q,
                                                              const uint16_t *d, const uint16_t *m, float *y,
-                                                             int64_t K, int64_t G) {
-    f8 acc = {0}, offset = {0};
+                                                             int64_t ldy, int64_t K, int64_t G) {
+    f8 acc[4] = {{0}}, offset[4] = {{0}};
     for (int64_t b = 0; b < K / BLOCK; b++) {
         const int64_t g = b * BLOCK / G;
-        const uint8_t *blk = q + b * block_bytes(bits);
-        const i8v isum = bits == 8 ? block_isum8(blk, x.q + b * BLOCK) : block_isum4(blk, x.q + b * BLOCK);
-        acc = fma8(__builtin_convertvector(isum, f8), half8(d + ROWS * g) * x.scale[b], acc);
-        if (bits == 4) offset = fma8(half8(m + ROWS * g), (f8){0} + x.sum[b], offset);
+        const Block w = load_block(bits, q + b * block_bytes(bits));
+        const f8 scale = half8(d + ROWS * g), min = bits == 4 ? half8(m + ROWS * g) : (f8){0};
+        for (int r = 0; r < R; r++) {
+            const i8v isum = block_isum(bits, &w, x[r].q + b * BLOCK);
+            acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x[r].scale[b], acc[r]);
+            if (bits == 4) offset[r] = fma8(min, (f8){0} + x[r].sum[b], offset[r]);
+        }
     }
-    store8(y, acc + offset);
+    for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] + offset[r]);
+}
+
+#define TILE 4 /* x rows sharing each loaded block */
+
+/* one row group against x rows r0..M, TILE at a time */
+static inline __attribute__((always_inline)) void group(int bits, const RoundedRow *x, int64_t M, const uint8_t *q,
+                                                        const uint16_t *d, const uint16_t *m, float *y, int64_t N,
+                                                        int64_t K, int64_t G) {
+    int64_t r = 0;
+    for (; r + TILE <= M; r += TILE) group_rows(bits, TILE, x + r, q, d, m, y + r * N, N, K, G);
+    switch (M - r) {
+        case 3: group_rows(bits, 3, x + r, q, d, m, y + r * N, N, K, G); break;
+        case 2: group_rows(bits, 2, x + r, q, d, m, y + r * N, N, K, G); break;
+        case 1: group_rows(bits, 1, x + r, q, d, m, y + r * N, N, K, G); break;
+    }
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
 
-/* Every x row is rounded and multiplied as a lone row would be (gemv_group), so a row's result
- * does not depend on the rows beside it. With several rows the weights are taken a chunk of row
- * groups at a time (~32 KiB: it stays in L1/L2) and the chunk meets every x row before the next
- * one is read, so the quantized bytes come from memory once per call. */
+/* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
+ * depend on the rows beside it. The weights are read from memory once per call: one row group at
+ * a time, each loaded block shared by TILE x rows. */
 static void linear(int bits, const RoundedRow *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
                    int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
-    const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits), count = N / ROWS;
-    const int64_t chunk = M == 1 ? 1 : (32768 + stride - 1) / stride;
+    const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits);
+    if (bits == 8) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g0 = 0; g0 < count; g0 += chunk) {
-        const int64_t g1 = g0 + chunk < count ? g0 + chunk : count;
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t g = g0; g < g1; g++) {
-                if (bits == 8)
-                    gemv_group(8, x[r], q + g * stride, d + g * groups * ROWS, NULL, y + r * N + g * ROWS, K, G);
-                else
-                    gemv_group(4, x[r], q + g * stride, d + g * groups * ROWS, m + g * groups * ROWS, y + r * N + g * ROWS, K, G);
-            }
+        for (int64_t g = 0; g < N / ROWS; g++)
+            group(8, x, M, q + g * stride, d + g * groups * ROWS, NULL, y + g * ROWS, N, K, G);
+    } else {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / ROWS; g++)
+            group(4, x, M, q + g * stride, d + g * groups * ROWS, m + g * groups * ROWS, y + g * ROWS, N, K, G);
     }
 }
 
