@@ -43,7 +43,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--requests", type=int, nargs="+", default=[8, 16, 32, 64], help="requests per concurrency level")
+    p.add_argument("--requests", type=int, nargs="+", default=[32, 32, 64, 64],
+                   help="requests per concurrency level (32 at one client: a few slow requests on a shared host move 8 a lot)")
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="ours' batchSize and llama-server's -np (parallel slots)")
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",

@@ -24,6 +24,15 @@ from handler.serving.service import ContinuousService, DynamicService, Incoming,
 
 log = logging.getLogger(__name__)
 
+# TorchServe's worker logs this (root logger, INFO) for every message from its frontend: with
+# continuous batching that is every decode step, ~60 lines a second at one client, each a write
+# to the worker's stdout that the frontend reads and logs again.
+PER_MESSAGE_LINE = "Backend received inference at: %d"
+
+
+def _not_per_message(record: logging.LogRecord) -> bool:
+    return record.msg != PER_MESSAGE_LINE
+
 
 class LLMHandler(BaseHandler):
     def __init__(self):
@@ -38,6 +47,7 @@ class LLMHandler(BaseHandler):
             log.exception("invalid model configuration")
             raise
         sink = TorchServeSink(context.metrics, context.model_name)
+        logging.getLogger().addFilter(_not_per_message)
         # Compiled artifacts: the sidecar's restore (or a cold compile's install), then the .mar's.
         places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
                                 Path(props["model_dir"]) / MAR_ARTIFACT_DIR)

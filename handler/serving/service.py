@@ -120,10 +120,12 @@ class BaseService:
         now = self.clock()
         for out in outputs:
             self._record(self.live[out.request_id], out, now)
-        # One observation per step, not per token: each becomes a log line TorchServe parses.
+        # One observation per step, not per token (the TorchServe sink thins them further).
         self.metrics.observe("ts_llm_generation_tokens_total", sum(len(o.token_ids) for o in outputs))
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         self.metrics.observe("ts_llm_batch_occupancy_ratio", len(outputs) / self.engine.slots)
+        if not self.engine.running:
+            self.metrics.flush()
 
     def _record(self, live: Live, out: StepOutput, now: float) -> None:
         if live.first_token_at is None:

@@ -1,10 +1,10 @@
 """Weight-only quantized projections: int8 and int4 weights that decode streams as they are.
 
-    kernels.c   the CPU kernels (one row streams the quantized bytes; several rows dequantize a
-                chunk into cache and run a register-blocked float32 product)
+    kernels.c   the CPU kernels: integer dot products on the quantized bytes, 8 weight rows per
+                vector instruction (weights packed for them: layout.py), x rounded to int8 per block
     kernel.py   builds them with Inductor's C++ toolchain and flags, once per process
     ops.py      `ts_llm::quantized_linear`, the op the model's graphs call, and `dequantize`
-    layout.py   QuantizedWeight: the tensors one projection keeps, and their checks
+    layout.py   QuantizedWeight: the tensors one projection keeps, their checks and the kernels' packing
     rtn.py      round-to-nearest quantization of float weights (int8 per channel, int4 by group)
     gguf.py     GGUF Q8_0 / Q4_0 / Q4_1 tensors taken as they are stored (no requantization)
     apply.py    which source a model's projections come from, and swapping them in

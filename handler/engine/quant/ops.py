@@ -2,10 +2,9 @@
 
 Opaque to Inductor (like handler.engine.packed's op). On CPU its kernel is C++ (kernel.py builds
 torch_op.cpp with kernels.c), which takes weights in its own layout (QuantizedWeight.pack()) and
-reads the quantized bytes directly at any row count: one row
-streams them, several rows dequantize a cache-sized chunk at a time. Quantized weights get no
-oneDNN-packed float copy: from 64 rows (prefill) it would be 10-25% faster than the chunked
-kernel, at the cost of a float32 copy of every weight, 6x the int4 bytes. Elsewhere (CUDA) the op
+reads the quantized bytes directly at any row count, once per call: integer dot products with x
+rounded to int8 per block of 32, each row computed as a lone row is. Quantized weights get no
+oneDNN-packed float copy (a float32 copy of every weight: 6x the int4 bytes). Elsewhere (CUDA) the op
 dequantizes and calls F.linear: correct, not fast. The schema and the fake are defined here, with
 the low-level Library API (no torch.library.custom_op wrapper: ~100 us a call inside graphs)."""
 from __future__ import annotations
