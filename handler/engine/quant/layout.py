@@ -71,7 +71,6 @@ class QuantizedWeight:
         assert not self.packed, "select rows before packing"
         return QuantizedWeight(self.q[index], self.d[index], None if self.m is None else self.m[index])
 
-
     def pack(self) -> "QuantizedWeight":
         """The same values in the CPU kernels' layout (module docstring)."""
         if self.packed:
