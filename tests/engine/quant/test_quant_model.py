@@ -102,9 +102,11 @@ def _write_gguf_of(model, path, gguf):
 
 def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_checkpoint(default_checkpoint):
     """The default checkpoint's float weights are its Q4_1 GGUF, dequantized and stored in bf16: the
-    GGUF served as stored gives the same next tokens. Logits differ by bf16's rounding of the weights
-    and the kernels' rounding of x to int8 per block of 32 in every projection (as llama.cpp's
-    Q4_1 x Q8_1 products do): up to ~1.5 on logits of magnitude ~10 here (measured)."""
+    GGUF served as stored predicts the same next-token distribution. They differ by bf16's rounding
+    of the weights and the kernels' rounding of x to int8 per block of 32 in every projection (as
+    llama.cpp's Q4_1 x Q8_1 products do). Measured KL(float || served) per prompt: 0.006-0.016 on
+    AVX2 (same greedy token for all three), 0.010-0.035 under the portable x86_64 kernels (where
+    "Water boils at" picks the float model's second choice: a near tie)."""
     def build(quantization):
         return build_engine(EngineConfig(default_checkpoint, dtype="float32", compile="eager", quantization=quantization,
                                          max_batch_size=2, max_seq_len=128, packed_weights="off"))
@@ -115,9 +117,10 @@ def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_c
     assert served.model.layers[0].feed_forward.w2.quantized.bits == 4  # projections are Q4_1
     for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
         tokens = torch.tensor([served.engine.tokenizer.encode(prompt)])
-        a, b = _logits(served.model, tokens), _logits(plain.model, tokens)
-        assert a.argmax() == b.argmax(), prompt
-        assert (a - b).abs().max() < 2.5, (prompt, (a - b).abs().max())
+        a, b = _logits(served.model, tokens).log_softmax(-1), _logits(plain.model, tokens).log_softmax(-1)
+        kl = (b.exp() * (b - a)).sum()
+        assert kl < 0.05, (prompt, kl)
+        assert b.argmax() in a.topk(2).indices, prompt
 
 
 def _copy(tiny_checkpoint, tmp_path):
