@@ -47,9 +47,8 @@ static inline f8 fma8(f8 a, f8 b, f8 c) { return a * b + c; }
 
 static inline int64_t block_bytes(int bits) { return bits == 8 ? ROWS * BLOCK : ROWS * BLOCK / 2; }
 
-/* a float16 (scales and minimums are stored as GGUF stores them) as a float */
+/* 8 float16s (scales and minimums are stored as GGUF stores them) as floats */
 #if defined(__F16C__)
-static inline float half(uint16_t h) { return _cvtsh_ss(h); }
 static inline f8 half8(const uint16_t *p) { return (f8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 #else
 #if defined(__aarch64__)

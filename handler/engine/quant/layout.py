@@ -81,7 +81,7 @@ class QuantizedWeight:
         if self.bits == 8:  # byte 32 c + 4 r + i of block b: column 4 c + i of row r
             q = self.q.view(n // ROWS, ROWS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
         else:  # low nibble: column 8 c + i, high nibble: column 8 c + 4 + i
-            v = _nibbles(self.q, n, k).view(n // ROWS, ROWS, k // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            v = int4_values(self.q, n, k).view(n // ROWS, ROWS, k // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
             q = v[..., 0] | (v[..., 1] << 4)
         return QuantizedWeight(q.reshape(n // ROWS, k // BLOCK, -1).contiguous(), _pack_groups(self.d),
                                None if self.m is None else _pack_groups(self.m))
@@ -95,15 +95,23 @@ class QuantizedWeight:
             q = self.q.view(n // ROWS, k // BLOCK, 8, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
         else:
             b = self.q.view(n // ROWS, k // BLOCK, 4, ROWS, 4)
-            v = torch.stack([b & 0x0F, b >> 4], dim=-1).permute(0, 3, 1, 2, 5, 4).reshape(n, k // BLOCK, BLOCK)
-            q = (v[..., : BLOCK // 2] | (v[..., BLOCK // 2:] << 4)).reshape(n, k // 2)
+            v = torch.stack([b & 0x0F, b >> 4], dim=-1).permute(0, 3, 1, 2, 5, 4).reshape(n, k)
+            q = int4_bytes(v)
         return QuantizedWeight(q.contiguous(), _unpack_groups(self.d), None if self.m is None else _unpack_groups(self.m))
 
 
-def _nibbles(q: Tensor, n: int, k: int) -> Tensor:
+def int4_values(q: Tensor, n: int, k: int) -> Tensor:
     """Row-major int4 bytes [N, K/2] -> values [N, K] in 0..15, in column order."""
     blocks = q.view(n, k // BLOCK, BLOCK // 2)
     return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).view(n, k)
+
+
+def int4_bytes(values: Tensor) -> Tensor:
+    """Values [N, K] in 0..15 -> row-major int4 bytes [N, K/2]: byte j of a block holds weight j
+    (low nibble) and weight j + 16 (high)."""
+    n, k = values.shape
+    blocks = values.reshape(n, k // BLOCK, BLOCK)
+    return (blocks[..., : BLOCK // 2] | (blocks[..., BLOCK // 2:] << 4)).reshape(n, k // 2)
 
 
 def _pack_groups(s: Tensor) -> Tensor:  # [N, groups] -> [N/8, groups, 8]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handler.engine.quant import kernel
-from handler.engine.quant.layout import BLOCK, QuantizedWeight
+from handler.engine.quant.layout import QuantizedWeight, int4_values
 
 _lib = torch.library.Library("ts_llm", "FRAGMENT")
 _lib.define("quantized_linear(Tensor x, Tensor q, Tensor d, Tensor? m=None, Tensor? bias=None) -> Tensor")
@@ -25,11 +25,7 @@ def dequantize(w: QuantizedWeight) -> Tensor:
     computed as GGUF's own dequantization does."""
     w = w.unpack()
     n, k = w.shape
-    if w.bits == 8:
-        q = w.q.float()
-    else:  # [N, K/32, 16] bytes -> [N, K/32, 32] values: low nibbles first, then high
-        blocks = w.q.view(n, k // BLOCK, BLOCK // 2)
-        q = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).float()
+    q = w.q.float() if w.bits == 8 else int4_values(w.q, n, k).float()
     q = q.view(n, w.d.shape[1], -1)  # [N, groups, G]
     out = q * w.d.float()[..., None]
     if w.m is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from handler.engine.quant.layout import BLOCK, QuantizationError, QuantizedWeight
+from handler.engine.quant.layout import BLOCK, QuantizationError, QuantizedWeight, int4_bytes
 
 
 def quantize_int8(w: Tensor) -> QuantizedWeight:
@@ -30,9 +30,8 @@ def quantize_int4(w: Tensor, group_size: int) -> QuantizedWeight:
     groups = w.float().view(n, k // group_size, group_size)
     lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     d, m = ((hi - lo) / 15).half(), lo.half()
-    q = torch.round((groups - m.float()) / _nonzero(d.float())).clamp(0, 15).to(torch.uint8).view(n, k // BLOCK, BLOCK)
-    packed = q[..., : BLOCK // 2] | (q[..., BLOCK // 2:] << 4)  # byte j: weight j low, weight j + 16 high
-    return QuantizedWeight(packed.reshape(n, k // 2), d.view(n, -1), m.view(n, -1)).check()
+    q = torch.round((groups - m.float()) / _nonzero(d.float())).clamp(0, 15).to(torch.uint8).view(n, k)
+    return QuantizedWeight(int4_bytes(q), d.view(n, -1), m.view(n, -1)).check()
 
 
 def _nonzero(d: Tensor) -> Tensor:
