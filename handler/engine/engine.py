@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from handler.engine.sampling import SamplingParams, make_generator, sample_next
+from handler.engine.sampling import SamplingParams, TokenLogprob, make_generator, sample_next, token_logprob
 from handler.engine.tokenizer import Tokenizer
 
 PREFILL_PAD = 16  # prompts are right-padded to a multiple of this: fewer distinct shapes
@@ -33,6 +33,7 @@ def prefill_width(longest_prompt: int, max_seq_len: int) -> int:
 
 PrefillFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (tokens[B,T], slot_ids[B], last_index[B]) -> logits[B,V]
 DecodeFn = Callable[[Tensor, Tensor, int], Tensor]  # (tokens[B], input_pos[B], kv_len) -> logits[B,V]
+CopyPrefixFn = Callable[[int, int, int], None]  # (src slot, dst slot, positions): KV of 0..positions-1
 
 
 class EngineFull(RuntimeError):
@@ -46,6 +47,8 @@ class Sequence:
     params: SamplingParams
     slot: int
     generator: torch.Generator | None
+    index: int = 0  # which of its request's samples
+    leader: Sequence | None = None  # the request's first sample, whose prefill this one copies
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     emitted_chars: int = 0
@@ -60,11 +63,13 @@ class Sequence:
 @dataclass(frozen=True)
 class StepOutput:
     request_id: str
+    index: int  # which of the request's samples (0 unless it asked for several)
     text: str  # new text since the previous output of this request
     token_ids: tuple[int, ...]
     finish_reason: str | None  # None while running; "stop" or "length" when done
     prompt_tokens: int
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -72,8 +77,9 @@ class StepOutput:
 
 
 class Engine:
-    def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int, device: torch.device):
-        self._prefill, self._decode = prefill, decode
+    def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int,
+                 device: torch.device, copy_prefix: CopyPrefixFn | None = None):
+        self._prefill, self._decode, self._copy_prefix = prefill, decode, copy_prefix
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.device = device
@@ -94,14 +100,26 @@ class Engine:
         return len(self._slots) - self.free_slots
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.add_samples(request_id, prompt_ids, [params])
+
+    def add_samples(self, request_id: str, prompt_ids: list[int], params: list[SamplingParams]) -> None:
+        """len(params) samples of one prompt (StepOutput.index tells them apart), each in its own
+        slot: the prompt is prefilled once and its KV copied to the other slots, which then sample
+        on their own (params, seeds)."""
         assert prompt_ids, "empty prompt"
-        assert len(prompt_ids) + params.max_new_tokens <= self.max_seq_len, (len(prompt_ids), params.max_new_tokens)
-        if None not in self._slots:
+        assert all(len(prompt_ids) + p.max_new_tokens <= self.max_seq_len for p in params), len(prompt_ids)
+        assert len(params) == 1 or self._copy_prefix is not None, "no copy_prefix: one sample per prompt"
+        if not self.free_slots:
             raise EngineFull(f"all {len(self._slots)} slots are busy")
-        slot = self._slots.index(None)
-        seq = Sequence(request_id, list(prompt_ids), params, slot, make_generator(params))
-        self._slots[slot] = seq
-        self._new.append(seq)
+        if self.free_slots < len(params):
+            raise EngineFull(f"{self.free_slots} of {len(self._slots)} slots are free, {len(params)} asked")
+        leader = None
+        for index, p in enumerate(params):
+            slot = self._slots.index(None)
+            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader)
+            self._slots[slot] = seq
+            self._new.append(seq)
+            leader = leader or seq
 
     def cancel(self, request_id: str) -> None:
         for i, seq in enumerate(self._slots):
@@ -122,7 +140,7 @@ class Engine:
         if running:
             outputs += self._advance(running, self._run_decode(running))
         if new:
-            outputs += self._advance(new, self._run_prefill(new))
+            outputs += self._advance(new, self._prefilled(new))
         return outputs
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
@@ -136,6 +154,17 @@ class Engine:
             for out in self.step():
                 done.setdefault(out.request_id, []).extend(out.token_ids)
         return [done[str(i)] for i in range(len(prompts))]
+
+    def _prefilled(self, new: list[Sequence]) -> Tensor:
+        """Next-token logits [len(new), V]: the leaders' from a prefill, each follower its leader's
+        row with the leader's KV copied into its slot."""
+        leaders = [s for s in new if s.leader is None]
+        logits = self._run_prefill(leaders)
+        row = {id(s): i for i, s in enumerate(leaders)}
+        for s in new:
+            if s.leader is not None:
+                self._copy_prefix(s.leader.slot, s.slot, len(s.prompt_ids))
+        return logits[torch.tensor([row[id(s.leader or s)] for s in new], device=logits.device)]
 
     def _run_prefill(self, seqs: list[Sequence]) -> Tensor:
         width = prefill_width(max(len(s.prompt_ids) for s in seqs), self.max_seq_len)
@@ -159,9 +188,9 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return [self._append(s, t) for s, t in zip(seqs, next_ids)]
+        return [self._append(s, t, logits[row]) for row, (s, t) in enumerate(zip(seqs, next_ids))]
 
-    def _append(self, seq: Sequence, token: int) -> StepOutput:
+    def _append(self, seq: Sequence, token: int, logits: Tensor) -> StepOutput:
         new_ids: tuple[int, ...] = ()
         if token in self.tokenizer.eos_ids and not seq.params.ignore_eos:
             seq.finish_reason = "stop"
@@ -176,7 +205,9 @@ class Engine:
         delta = _take_text(seq)
         if seq.finish_reason is not None:
             self._slots[seq.slot] = None
-        return StepOutput(seq.request_id, delta, new_ids, seq.finish_reason, len(seq.prompt_ids), len(seq.output_ids))
+        logprobs = (token_logprob(logits, token, seq.params),) if new_ids and seq.params.logprobs is not None else ()
+        return StepOutput(seq.request_id, seq.index, delta, new_ids, seq.finish_reason, len(seq.prompt_ids),
+                          len(seq.output_ids), logprobs)
 
 
 def _cut_at_stop(seq: Sequence) -> bool:

@@ -111,7 +111,7 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     model = prepare_model(ckpt, cfg)
     steps = build_steps(model, cfg, on_fallback, artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
     engine = Engine(steps.prefill, steps.decode, Tokenizer.from_dir(ckpt.path), cfg.max_batch_size, cfg.max_seq_len,
-                    torch.device(cfg.device))
+                    torch.device(cfg.device), copy_prefix=model.copy_prefix)
     return LoadedEngine(engine, model, steps, path)
 
 

@@ -114,6 +114,11 @@ class KVCache(nn.Module):
         self.k[slot_ids, :, :t] = k
         self.v[slot_ids, :, :t] = v
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Positions 0..length-1 of slot `src` into slot `dst` (a prompt prefilled once for n samples)."""
+        self.k[dst, :, :length] = self.k[src, :, :length]
+        self.v[dst, :, :length] = self.v[src, :, :length]
+
     def write_decode(self, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
         # input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
         rows = torch.arange(k.shape[0], device=k.device)
@@ -288,6 +293,11 @@ class Transformer(nn.Module):
         cos, sin = rope_frequencies(self.args, max_seq)
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)
+
+    @torch.no_grad()
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        for layer in self.layers:
+            layer.attention.kv_cache.copy_prefix(src, dst, length)
 
     def prefill(self, tokens: Tensor, slot_ids: Tensor, last_index: Tensor) -> Tensor:
         """tokens: [B, T] right-padded prompts; last_index: [B] index of each prompt's last token.

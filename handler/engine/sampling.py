@@ -1,10 +1,21 @@
-"""Per-request sampling: greedy, temperature, top-k, top-p, each request with its own seed."""
+"""Per-request sampling: greedy, temperature, top-k, top-p, each request with its own seed; the
+log-probabilities of sampled tokens for requests that ask for them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the k most likely (token id, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -16,12 +27,14 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
         assert self.temperature >= 0.0, self.temperature
         assert self.top_k >= 0, self.top_k
         assert 0.0 < self.top_p <= 1.0, self.top_p
+        assert self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, self.logprobs
 
     @property
     def greedy(self) -> bool:
@@ -66,3 +79,12 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter(0, order, sorted_probs)
+
+
+def token_logprob(logits: Tensor, token_id: int, p: SamplingParams) -> TokenLogprob:
+    """logits: [V]. Log-probabilities of the distribution after temperature (greedy: the logits as
+    they are), before top-k / top-p cut it: what the client's temperature makes of the model."""
+    scaled = logits.float().cpu() / (p.temperature if p.temperature > 0 else 1.0)
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    values, ids = torch.topk(logprobs, p.logprobs or 0)
+    return TokenLogprob(token_id, float(logprobs[token_id]), tuple(zip(ids.tolist(), values.tolist())))

@@ -5,6 +5,10 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Callable, Sequence
+
+from handler.engine.sampling import TokenLogprob
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -23,48 +27,68 @@ def model_list_body(model: str, created: int) -> str:
                                                    "owned_by": "ts-llm"}]})
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One completion of a whole answer; logprobs: its tokens', when the request asked for them."""
+    text: str
+    finish_reason: str
+    logprobs: Sequence[TokenLogprob] | None = None
+
+
 @dataclass
 class Formatter:
     api: str  # "native", "completions" or "chat"
     model: str
     include_usage: bool = False
+    token_text: Callable[[int], str] = str  # a token id's text, for log-probabilities
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    _sent_role: bool = False
+    _sent_role: set[int] = field(default_factory=set)  # the choices whose first chat delta (with the role) is out
+    _text_offset: dict[int, int] = field(default_factory=dict)  # per choice: completions' text_offset of its next token
 
     def content_type(self, stream: bool) -> str:
         if not stream:
             return "application/json"
         return "application/x-ndjson" if self.api == "native" else "text/event-stream"
 
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> str:
+    def whole(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> str:
+        """completion_tokens: all choices' together (OpenAI's usage)."""
         u = usage(prompt_tokens, completion_tokens)
         if self.api == "native":
-            return json.dumps({"id": self.id, "text": text, "finish_reason": finish_reason, "usage": u})
+            [c] = choices
+            return json.dumps({"id": self.id, "text": c.text, "finish_reason": c.finish_reason, "usage": u})
         if self.api == "completions":
-            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-            return json.dumps(self._envelope("text_completion", [choice]) | {"usage": u})
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-        return json.dumps(self._envelope("chat.completion", [choice]) | {"usage": u})
+            out = [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.logprobs, i)}
+                   for i, c in enumerate(choices)]
+            return json.dumps(self._envelope("text_completion", out) | {"usage": u})
+        out = [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+                "logprobs": self._logprobs(c.logprobs)} for i, c in enumerate(choices)]
+        return json.dumps(self._envelope("chat.completion", out) | {"usage": u})
 
-    def chunk(self, delta: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int) -> str:
-        """One streamed piece: NDJSON line (native) or server-sent events (OpenAI)."""
+    def chunk(self, delta: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int,
+              logprobs: Sequence[TokenLogprob] | None = None, index: int = 0, last: bool | None = None) -> str:
+        """One streamed piece of choice `index`: NDJSON line (native) or server-sent events
+        (OpenAI); logprobs: the tokens' since the previous piece, when the request asked for them.
+        last: the request's final piece (default: this choice finished), which ends the stream."""
+        last = finish_reason is not None if last is None else last
         if self.api == "native":
             piece = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
                 piece["usage"] = usage(prompt_tokens, completion_tokens)
             return json.dumps(piece) + "\n"
         if self.api == "completions":
-            choice = {"index": 0, "text": delta, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": index, "text": delta, "finish_reason": finish_reason,
+                      "logprobs": self._logprobs(logprobs, index)}
             events = [self._envelope("text_completion", [choice])]
         else:
             d = {"content": delta}
-            if not self._sent_role:
+            if index not in self._sent_role:
                 d["role"] = "assistant"
-                self._sent_role = True
-            events = [self._envelope("chat.completion.chunk", [{"index": 0, "delta": d, "finish_reason": finish_reason}])]
+                self._sent_role.add(index)
+            choice = {"index": index, "delta": d, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs, index)}
+            events = [self._envelope("chat.completion.chunk", [choice])]
         out = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-        if finish_reason is not None:
+        if last:
             if self.include_usage:
                 kind = "text_completion" if self.api == "completions" else "chat.completion.chunk"
                 out += f"data: {json.dumps(self._envelope(kind, []) | {'usage': usage(prompt_tokens, completion_tokens)})}\n\n"
@@ -77,6 +101,25 @@ class Formatter:
         send it; `status` is the code the error object carries (503: retry elsewhere)."""
         body = error_body(message, status)
         return body + "\n" if self.api == "native" else f"data: {body}\n\n"
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob] | None, index: int = 0) -> dict | None:
+        """OpenAI's shapes: completions' parallel lists (top_logprobs null per token when k is 0),
+        chat's list of objects with each token's UTF-8 bytes."""
+        if logprobs is None:
+            return None
+        texts = [self.token_text(lp.token_id) for lp in logprobs]
+        if self.api == "completions":
+            offsets = list(accumulate((len(t) for t in texts), initial=self._text_offset.get(index, 0)))
+            self._text_offset[index] = offsets.pop()
+            return {"tokens": texts, "token_logprobs": [lp.logprob for lp in logprobs],
+                    "top_logprobs": [{self.token_text(i): v for i, v in lp.top} or None for lp in logprobs],
+                    "text_offset": offsets}
+        return {"content": [self._chat_logprob(text, lp.logprob) | {"top_logprobs": [
+            self._chat_logprob(self.token_text(i), v) for i, v in lp.top]} for text, lp in zip(texts, logprobs)]}
+
+    @staticmethod
+    def _chat_logprob(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     def _envelope(self, kind: str, choices: list) -> dict:
         prefix = "chatcmpl-" if kind.startswith("chat") else "cmpl-"

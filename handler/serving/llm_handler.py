@@ -19,7 +19,7 @@ from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
 from handler.drain_flag import DrainFlag
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
-from handler.serving.protocol import Limits
+from handler.serving.protocol import MAX_N, Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,18 @@ log = logging.getLogger(__name__)
 # continuous batching that is every decode step, ~60 lines a second at one client, each a write
 # to the worker's stdout that the frontend reads and logs again.
 PER_MESSAGE_LINE = "Backend received inference at: %d"
+# ...and its Service.predict emits PredictionTime (a metric line on stdout, parsed and logged by
+# the frontend) for every call: in continuous mode that is one decode step, which
+# ts_llm_time_per_output_token_seconds already measures per request.
+PER_STEP_METRIC = "[METRICS]PredictionTime."
 
 
 def _not_per_message(record: logging.LogRecord) -> bool:
     return record.msg != PER_MESSAGE_LINE
+
+
+def _not_per_step_metric(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(PER_STEP_METRIC))
 
 
 class LLMHandler(BaseHandler):
@@ -64,8 +72,11 @@ class LLMHandler(BaseHandler):
         sink.observe("ts_llm_engine_info", 1, loaded.path)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
-        limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name)
+        limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
+                        min(MAX_N, engine_cfg.max_batch_size))
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
+        if service_cls is ContinuousService:
+            logging.getLogger("ts.metrics.caching_metric").addFilter(_not_per_step_metric)
         flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
                                    cutting=flag.cutting if flag else lambda: False)

@@ -7,14 +7,15 @@ Three APIs share one engine: the native JSON API (`/predictions/<model>`) and Op
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from handler.engine.sampling import SamplingParams
+from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
 MODEL_LIST_PATH = "v1/models"
 MAX_STOP_STRINGS = 4
+MAX_N = 8  # OpenAI's n: completions of one prompt, each in a KV-cache slot of its own
 MAX_TEMPERATURE = 100.0
 ROLES = ("system", "user", "assistant")
 
@@ -31,6 +32,7 @@ class Limits:
     max_new_tokens_cap: int
     default_max_new_tokens: int
     served_model_name: str
+    max_n: int = MAX_N  # at most the engine's slots
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,13 @@ class GenerationRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    n: int = 1  # completions of the prompt (OpenAI's n)
+
+    def sample_params(self) -> list[SamplingParams]:
+        """Each completion's: with a seed, completion i samples with seed + i (reproducible, distinct)."""
+        if self.params.seed is None:
+            return [self.params] * self.n
+        return [replace(self.params, seed=self.params.seed + i) for i in range(self.n)]
 
 
 # Fields each API accepts; anything else is rejected by name.
@@ -47,9 +56,9 @@ _COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "s
 FIELDS = {
     "native": _COMMON | {"prompt", "messages"},
     "completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                    "stream_options", "n", "user", "ignore_eos"},
+                    "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "stream_options", "n", "user", "ignore_eos"},
+             "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs"},
 }
 
 
@@ -96,6 +105,7 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         raise RequestError(f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(FIELDS[api]))}")
     if api != "native":
         _check_openai_extras(data, limits)
+    n = _n(data, limits) if api != "native" else 1
     prompt_ids = _prompt_ids(api, data, encode, encode_chat)
     params = _sampling(api, data, limits)
     if len(prompt_ids) + params.max_new_tokens > limits.max_seq_len:
@@ -104,15 +114,23 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
             f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
     stream = _get(data, "stream", bool, False)
     options = _get(data, "stream_options", dict, {}) or {}
-    return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)))
+    return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)), n)
 
 
 def _check_openai_extras(data: dict, limits: Limits) -> None:
     model = _get(data, "model", str, None)
     if model is not None and model != limits.served_model_name:
         raise RequestError(f"model {model!r} does not exist; this endpoint serves {limits.served_model_name!r}", status=404)
-    if _get(data, "n", int, 1) != 1:
-        raise RequestError("only n=1 is supported; send one request per completion")
+    if "best_of" in data:
+        raise RequestError("`best_of` is not supported (it would rank completions server-side); ask for `n` completions "
+                           "with `logprobs` and rank them yourself")
+
+
+def _n(data: dict, limits: Limits) -> int:
+    n = _get(data, "n", int, 1)
+    if not 1 <= n <= limits.max_n:
+        raise RequestError(f"`n` must be between 1 and {limits.max_n}, got {n}")
+    return n
 
 
 def _prompt_ids(api: str, data: dict, encode, encode_chat) -> list[int]:
@@ -182,7 +200,26 @@ def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
         raise RequestError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
     seed = _get(data, "seed", int, None)
     ignore_eos = _get(data, "ignore_eos", bool, False)  # benchmarks: always produce max_new_tokens
-    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos)
+    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos,
+                          _logprobs(api, data))
+
+
+def _logprobs(api: str, data: dict) -> int | None:
+    """How many alternatives each token's log-probability comes with; None when none are asked."""
+    if api == "completions":  # logprobs: k
+        k, name = _get(data, "logprobs", int, None), "logprobs"
+    elif api == "chat":  # logprobs: true, top_logprobs: k
+        k, name = _get(data, "top_logprobs", int, None), "top_logprobs"
+        if not _get(data, "logprobs", bool, False):
+            if k is not None:
+                raise RequestError("`top_logprobs` needs `logprobs: true`")
+            return None
+        k = k or 0
+    else:
+        return None
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"`{name}` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}")
+    return k
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from handler.engine.engine import Engine, EngineFull, StepOutput
-from handler.serving.formats import Formatter, error_body, model_list_body
+from handler.engine.sampling import TokenLogprob
+from handler.serving.formats import Choice, Formatter, error_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
 
@@ -47,22 +48,37 @@ class Reply:
 
 
 @dataclass
+class Sample:
+    """One of a request's completions (OpenAI's `n`; one unless it asked for more)."""
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # every generated token's, when asked
+    logprobs_sent: int = 0  # how many of them streamed pieces carried
+
+
+@dataclass
 class Live:
     req: GenerationRequest
     fmt: Formatter
     http: bool
     arrived: float
+    samples: list[Sample]
+    started: bool = False  # in the engine; a request waits here while fewer slots are free than it has samples
     first_token_at: float | None = None
-    text: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
-    finish_reason: str | None = None
-    usage: tuple[int, int] = (0, 0)
+    finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
+    prompt_tokens: int = 0
 
     @property
     def cut(self) -> bool:
         """Ended by the replica's shutdown before it finished (BaseService.cut_running)."""
         return self.finish_reason == "cut"
+
+    @property
+    def usage(self) -> tuple[int, int]:
+        return self.prompt_tokens, sum(s.completion_tokens for s in self.samples)
 
 
 class BaseService:
@@ -94,6 +110,12 @@ class BaseService:
 
     def _admit(self, inc: Incoming) -> Reply | None:
         """Parse and add to the engine; a Reply when the request is refused, or asks nothing of the engine."""
+        if (refused := self._accept(inc)) is not None:
+            return refused
+        return self._start(inc.request_id)
+
+    def _accept(self, inc: Incoming) -> Reply | None:
+        """Parse into self.live, not yet started; a Reply when the request is refused, or asks nothing of the engine."""
         if is_model_list(inc.url_path):
             return Reply(model_list_body(self.limits.served_model_name, self.started))
         if self.draining() or self.cutting():
@@ -106,13 +128,21 @@ class BaseService:
         except RequestError as err:
             self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
             return Reply(error_body(err.message, err.status), err.status)
+        fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
+        self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), [Sample() for _ in range(req.n)])
+        return None
+
+    def _start(self, request_id: str) -> Reply | None:
+        """Into the engine; a 503 Reply (and out of self.live) when its slots are not free."""
+        live = self.live[request_id]
         try:
-            self.engine.add(inc.request_id, req.prompt_ids, req.params)
-        except EngineFull as err:  # batchSize <= slots is checked at load; this is a safety net
+            self.engine.add_samples(request_id, live.req.prompt_ids, live.req.sample_params())
+        except EngineFull as err:  # batchSize <= slots is checked at load; n > 1 can still find too few
+            del self.live[request_id]
             self.metrics.observe("ts_llm_request_failure_total", 1, "engine_full")
             return Reply(error_body(f"{err}; retry", 503), 503)
-        self.live[inc.request_id] = Live(req, Formatter(req.api, self.limits.served_model_name, req.include_usage), inc.http, self.clock())
-        self.metrics.observe("ts_llm_prompt_tokens_total", len(req.prompt_ids))
+        live.started = True
+        self.metrics.observe("ts_llm_prompt_tokens_total", len(live.req.prompt_ids))
         return None
 
     def _step(self) -> None:
@@ -131,25 +161,39 @@ class BaseService:
         if live.first_token_at is None:
             live.first_token_at = now
             self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
-        live.text.append(out.text)
-        live.usage = (out.prompt_tokens, out.completion_tokens)
-        if live.req.stream and (out.text or out.finished):
-            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, *live.usage))
+        sample = live.samples[out.index]
+        sample.text.append(out.text)
+        sample.completion_tokens, live.prompt_tokens = out.completion_tokens, out.prompt_tokens
+        sample.logprobs.extend(out.logprobs)
         if out.finished:
-            live.finish_reason = out.finish_reason
-            self._finished_metrics(live, now)
+            sample.finish_reason = out.finish_reason
+            if all(s.finish_reason is not None for s in live.samples):
+                live.finish_reason = live.samples[0].finish_reason
+                self._finished_metrics(live, now)
+        if live.req.stream and (out.text or out.finished):
+            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, *live.usage, logprobs=self._unsent_logprobs(live, sample),
+                                               index=out.index, last=live.finish_reason is not None))
 
     def _finished_metrics(self, live: Live, now: float) -> None:
         self.metrics.observe("ts_llm_e2e_request_latency_seconds", now - live.arrived)
         self.metrics.observe("ts_llm_request_success_total", 1, live.finish_reason)
-        generated = live.usage[1]
+        generated = live.samples[0].completion_tokens  # per sample: the samples are generated side by side
         if generated > 1:
             self.metrics.observe("ts_llm_time_per_output_token_seconds", (now - live.first_token_at) / (generated - 1))
+
+    @staticmethod
+    def _unsent_logprobs(live: Live, sample: Sample) -> list[TokenLogprob] | None:
+        if live.req.params.logprobs is None:
+            return None
+        unsent, sample.logprobs_sent = sample.logprobs[sample.logprobs_sent:], len(sample.logprobs)
+        return unsent
 
     def _whole(self, live: Live) -> str:
         if live.req.stream:
             return "".join(live.pending)
-        return live.fmt.whole("".join(live.text), live.finish_reason, *live.usage)
+        asked = live.req.params.logprobs is not None
+        choices = [Choice("".join(s.text), s.finish_reason, s.logprobs if asked else None) for s in live.samples]
+        return live.fmt.whole(choices, *live.usage)
 
 
 class ContinuousService(BaseService):
@@ -162,7 +206,8 @@ class ContinuousService(BaseService):
             self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")
         if self.cutting():
             self.cut_running()
-        refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._admit(inc))}
+        refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._accept(inc))}
+        refused |= self._start_waiting()
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if self.engine.running:
@@ -172,6 +217,22 @@ class ContinuousService(BaseService):
                   for i in batch if i.request_id in self.live):
             self._step()
         return [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
+
+    def _start_waiting(self) -> dict[str, Reply]:
+        """Start accepted requests in arrival order while their samples fit in the free slots. An
+        HTTP request that does not fit waits (its replies are empty pieces until it runs); a gRPC
+        one cannot wait (module docstring) and is refused with a 503."""
+        refused, blocked = {}, False
+        for request_id, live in list(self.live.items()):
+            if live.started or live.finish_reason is not None:
+                continue
+            if not blocked and self.engine.free_slots >= live.req.n:
+                self._start(request_id)
+            elif not live.http:
+                refused[request_id] = self._start(request_id)
+            else:
+                blocked = True
+        return refused
 
     def _reply(self, request_id: str) -> Reply:
         live = self.live[request_id]

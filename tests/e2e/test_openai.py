@@ -52,3 +52,42 @@ def test_unknown_model_is_a_404(client):
 def test_bad_parameter_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="temperature must be >= 0"):
         client.completions.create(model="llm", prompt="hi", max_tokens=2, temperature=-1)
+
+
+def test_completions_logprobs_whole_and_streamed(client):
+    args = dict(model="llm", prompt="The capital of Italy is", max_tokens=6, temperature=0, logprobs=3)
+    whole = client.completions.create(**args).choices[0].logprobs
+    assert len(whole.tokens) == len(whole.token_logprobs) == len(whole.top_logprobs) == 6
+    # greedy: each token is its step's most likely, so it heads its alternatives
+    assert all(max(top, key=top.get) == tok and len(top) == 3 for tok, top in zip(whole.tokens, whole.top_logprobs))
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**args, stream=True) if c.choices]
+    assert [t for lp in streamed for t in lp.tokens] == whole.tokens
+    assert [v for lp in streamed for v in lp.token_logprobs] == pytest.approx(whole.token_logprobs, abs=1e-4)
+
+
+def test_chat_logprobs_whole_and_streamed(client):
+    args = dict(model="llm", messages=[{"role": "user", "content": "Name a color."}], max_tokens=5, temperature=0,
+                logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**args).choices[0].logprobs.content
+    assert len(whole) == 5 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in whole)
+    assert all(bytes(t.bytes).decode() == t.token for t in whole if "\ufffd" not in t.token)
+    streamed = [t for c in client.chat.completions.create(**args, stream=True) if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in whole]
+
+
+def test_n_completions_whole_and_streamed(client):
+    args = dict(model="llm", prompt="My favourite fruit is", max_tokens=6, temperature=1.0, seed=5, n=2)
+    whole = client.completions.create(**args)
+    assert sorted(c.index for c in whole.choices) == [0, 1] and whole.usage.completion_tokens <= 12
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(**args, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {c.index: c.text for c in whole.choices}
+
+
+def test_chat_n_completions(client):
+    r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=5,
+                                       temperature=1.0, seed=2, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.message.role == "assistant" for c in r.choices)

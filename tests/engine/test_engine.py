@@ -116,3 +116,35 @@ def test_decode_window_covers_the_positions_in_few_shapes():
         window = decode_window(positions, 2048)
         assert positions <= window <= 2048 and window % 64 == 0 and window - positions < 64
     assert decode_window(10, 40) == 40, "capped at max_seq_len"
+
+
+def _step_logprobs(engine, ids, params):
+    """Every generated token's TokenLogprob, stepping the engine as a server does."""
+    engine.add("lp", ids, params)
+    tokens, logprobs = [], []
+    while engine.running:
+        for out in engine.step():
+            tokens += out.token_ids
+            logprobs += out.logprobs
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_equal_float32_reference_after_temperature(engine, reference, temperature):
+    ids = engine.tokenizer.encode(PROMPTS[0])
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=3, logprobs=5)
+    tokens, logprobs = _step_logprobs(engine, ids, params)
+    assert [lp.token_id for lp in logprobs] == tokens and len(tokens) == 6
+    with torch.inference_mode():
+        logits = reference(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1]  # the logits each token was drawn from
+    ref = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    for row, lp in zip(ref, logprobs):
+        assert abs(lp.logprob - float(row[lp.token_id])) < 1e-3
+        top_ids = [i for i, _ in lp.top]
+        assert top_ids == row.topk(5).indices.tolist()
+        assert max(abs(v - float(row[i])) for i, v in lp.top) < 1e-3
+
+
+def test_no_logprobs_unless_asked(engine):
+    _, logprobs = _step_logprobs(engine, engine.tokenizer.encode(PROMPTS[1]), _greedy(3))
+    assert logprobs == []

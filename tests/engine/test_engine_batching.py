@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from handler.engine.engine import Engine
+from handler.engine.engine import Engine, EngineFull
 from handler.engine.sampling import SamplingParams
 from tests.support.tiny_model import tiny_engine
 
@@ -62,3 +62,46 @@ def test_a_fixed_seed_gives_the_same_sample_twice(engine):
     params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=1234, ignore_eos=True)
     first, second = engine.generate([ids, ids], [params, params])
     assert first == second
+
+
+def _run(engine: Engine) -> dict[tuple[str, int], list[int]]:
+    got: dict[tuple[str, int], list[int]] = {}
+    while engine.running:
+        for out in engine.step():
+            got.setdefault((out.request_id, out.index), []).extend(out.token_ids)
+    return got
+
+
+def test_samples_of_one_prompt_are_prefilled_once_and_sample_as_alone():
+    """n samples: one prefill, its KV copied to the other slots; each sample (its own seed) gets
+    the tokens it gets alone, beside a running sequence whose slot sits between theirs."""
+    engine = tiny_engine(slots=4, max_seq_len=64)
+    ids = engine.tokenizer.encode(PROMPTS[2])
+    params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    expected = [engine.generate([ids], [p])[0] for p in params]
+    calls = []
+    prefill = engine._prefill
+    engine._prefill = lambda tokens, *rest: calls.append(tokens.shape[0]) or prefill(tokens, *rest)
+    engine.add("other", engine.tokenizer.encode(PROMPTS[0]), fixed_length(20))
+    engine.step()
+    engine.add_samples("s", ids, params)
+    got = _run(engine)
+    assert calls == [1, 1], "one prefill row for the running sequence, one for the three samples"
+    assert [got[("s", i)] for i in range(3)] == expected
+    assert len({tuple(g) for g in expected}) == 3, "distinct seeds, distinct samples"
+
+
+def test_samples_need_that_many_free_slots():
+    engine = tiny_engine(slots=3, max_seq_len=64)
+    engine.add("running", [1, 2], fixed_length(4))
+    with pytest.raises(EngineFull, match="2 of 3 slots are free, 3 asked"):
+        engine.add_samples("s", [1, 2], [fixed_length(4)] * 3)
+    assert engine.free_slots == 2
+
+
+def test_cancel_frees_every_sample():
+    engine = tiny_engine(slots=4, max_seq_len=64)
+    engine.add_samples("s", [1, 2], [fixed_length(6)] * 3)
+    engine.step()
+    engine.cancel("s")
+    assert engine.free_slots == 4 and engine.step() == []

@@ -114,7 +114,27 @@ def test_openai_completions_defaults_and_model_check():
     req = parse({"model": "llm", "prompt": ["hi"]}, "v1/completions")
     assert req.api == "completions" and req.params.max_new_tokens == 16 and req.params.temperature == 1.0
     assert "does not exist" in rejects({"model": "gpt-4", "prompt": "hi"}, "v1/completions", status=404)
-    assert "only n=1" in rejects({"prompt": "hi", "n": 2}, "v1/completions")
+
+
+def test_n_completions_seed_each_with_seed_plus_index():
+    req = parse({"prompt": "hi", "n": 3, "seed": 7, "temperature": 1}, "v1/completions")
+    assert req.n == 3 and [p.seed for p in req.sample_params()] == [7, 8, 9]
+    assert [p.seed for p in parse({"prompt": "hi", "n": 2}, "v1/completions").sample_params()] == [None, None]
+
+
+@pytest.mark.parametrize("n", [0, 9])
+def test_n_out_of_range_is_refused(n):
+    assert "`n` must be between 1 and 8" in rejects({"prompt": "hi", "n": n}, "v1/completions")
+
+
+def test_n_is_bounded_by_the_slots():
+    limits = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=8, served_model_name="llm", max_n=2)
+    with pytest.raises(RequestError, match="between 1 and 2"):
+        parse_request({"prompt": "hi", "n": 3}, "v1/completions", encode, encode_chat, limits)
+
+
+def test_best_of_is_refused_with_what_to_do_instead():
+    assert "ask for `n` completions" in rejects({"prompt": "hi", "best_of": 2}, "v1/completions")
 
 
 def test_openai_chat_max_completion_tokens():
@@ -125,3 +145,32 @@ def test_openai_chat_max_completion_tokens():
 
 def test_unknown_route_is_404():
     assert "unknown route 'v1/embeddings'" in rejects({"prompt": "a"}, "v1/embeddings", status=404)
+
+
+def test_completions_logprobs_is_the_number_of_alternatives():
+    assert parse({"prompt": "hi", "logprobs": 3}, "v1/completions").params.logprobs == 3
+    assert parse({"prompt": "hi", "logprobs": 0}, "v1/completions").params.logprobs == 0
+    assert parse({"prompt": "hi"}, "v1/completions").params.logprobs is None
+
+
+def test_chat_logprobs_take_top_logprobs_alternatives():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse(chat | {"logprobs": True, "top_logprobs": 4}, "v1/chat/completions").params.logprobs == 4
+    assert parse(chat | {"logprobs": True}, "v1/chat/completions").params.logprobs == 0
+    assert parse(chat | {"logprobs": False}, "v1/chat/completions").params.logprobs is None
+
+
+def test_top_logprobs_without_logprobs_is_refused():
+    chat = {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
+    assert "needs `logprobs: true`" in rejects(chat, "v1/chat/completions")
+
+
+@pytest.mark.parametrize("k", [-1, 21])
+def test_logprobs_out_of_range_are_refused(k):
+    assert "between 0 and 20" in rejects({"prompt": "hi", "logprobs": k}, "v1/completions")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": k}
+    assert "`top_logprobs` must be between 0 and 20" in rejects(chat, "v1/chat/completions")
+
+
+def test_native_api_has_no_logprobs():
+    assert "unknown field(s) 'logprobs'" in rejects({"prompt": "hi", "logprobs": 2})

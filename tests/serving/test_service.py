@@ -9,7 +9,7 @@ from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
-from handler.serving.service import ContinuousService, DynamicService, Incoming
+from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
 from tests.support.service_driver import drive
 
 LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8, served_model_name="llm")
@@ -139,3 +139,60 @@ def test_dynamic_mode_streams_through_the_callback_and_returns_finals(engine):
              [json.loads(line) for line in finals[0].body.splitlines()]
     assert "".join(p["text"] for p in pieces) == json.loads(finals[1].body)["text"]
     assert finals[2].status == 400 and engine.running == 0
+
+
+def test_streamed_logprobs_join_to_the_whole_answers(engine):
+    """Each streamed piece carries the log-probabilities of the tokens since the previous one
+    (held-back text included), so together they are the whole answer's, one per token."""
+    body = {"prompt": "The sky is", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    whole = json.loads(drive(service, [Incoming("a", body, True, "v1/completions")])["a"][-1].body)
+    streamed = drive(service, [Incoming("b", body | {"stream": True}, True, "v1/completions")])["b"]
+    pieces = [json.loads(line[6:]) for r in streamed for line in r.body.split("\n") if line.startswith("data: {")]
+    lps = [p["choices"][0]["logprobs"] for p in pieces if p["choices"]]
+    expected = whole["choices"][0]["logprobs"]
+    assert len(expected["tokens"]) == whole["usage"]["completion_tokens"] == 8
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for lp in lps for v in lp[key]] == expected[key], key
+    assert "".join(expected["tokens"]) == whole["choices"][0]["text"]
+
+
+def _choices(replies) -> dict[int, str]:
+    return {c["index"]: c["text"] for c in json.loads(replies[-1].body)["choices"]}
+
+
+def test_n_completions_are_each_the_request_with_its_own_seed(engine):
+    body = {"prompt": "The sky is", "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    together = drive(service, [Incoming("n", body | {"n": 3}, True, "v1/completions")])["n"]
+    alone = [_choices(drive(service, [Incoming(f"s{i}", body | {"seed": 11 + i}, True, "v1/completions")])[f"s{i}"])[0]
+             for i in range(3)]
+    assert _choices(together) == dict(enumerate(alone))
+    assert len(set(alone)) == 3
+    assert json.loads(together[-1].body)["usage"]["completion_tokens"] == 24
+
+
+def test_streamed_choices_join_to_the_whole_answers(engine):
+    body = {"prompt": "Roses are", "max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 2}
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    whole = _choices(drive(service, [Incoming("w", body, True, "v1/completions")])["w"])
+    streamed = drive(service, [Incoming("s", body | {"stream": True}, True, "v1/completions")])["s"]
+    sse = "".join(r.body for r in streamed)
+    pieces = [json.loads(line[6:]) for line in sse.split("\n") if line.startswith("data: {")]
+    texts: dict[int, str] = {}
+    for p in pieces:
+        for c in p["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert texts == whole and sse.count("[DONE]") == 1 and sse.endswith("data: [DONE]\n\n")
+
+
+def test_a_request_whose_samples_do_not_fit_waits_for_slots(engine):
+    """Slots are 4: with one taken, n=4 waits (empty pieces) until the running request ends."""
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    first = service.handle([Incoming("running", req(n=3, stream=True), True)])
+    assert first[0].more is True
+    waiting = {"prompt": "Hi", "max_tokens": 3, "temperature": 1.0, "seed": 1, "n": 4}
+    replies = drive(service, [Incoming("running", None, True), Incoming("n4", waiting, True, "v1/completions")])
+    assert replies["n4"][0] == Reply("", content_type="application/json", more=True)
+    assert sorted(_choices(replies["n4"])) == [0, 1, 2, 3]
+    assert json.loads(replies["n4"][-1].body)["usage"]["completion_tokens"] == 12

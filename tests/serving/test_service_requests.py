@@ -71,10 +71,17 @@ def test_the_model_list_names_the_served_model_and_uses_no_slot():
     assert body["object"] == "list" and [(m["id"], m["object"]) for m in body["data"]] == [("llm", "model")]
 
 
-def test_a_request_beyond_the_free_slots_gets_a_retryable_503():
+def test_an_http_request_beyond_the_free_slots_waits_for_one():
+    service = continuous(slots=1)
+    replies = drive(service, [Incoming("a", req(n=5), True), Incoming("b", req(n=5), True)])
+    assert replies["b"][0] == Reply("", more=True), "an empty piece while it waits"
+    assert json.loads(replies["b"][-1].body)["text"] == json.loads(replies["a"][-1].body)["text"] == "bcdef"
+
+
+def test_a_grpc_request_beyond_the_free_slots_gets_a_retryable_503():
     sink = RecordingSink()
     service = continuous(slots=1, sink=sink)
-    out = service.handle([Incoming("a", req(n=5), True), Incoming("b", req(n=5), True)])
+    out = service.handle([Incoming("a", req(n=5), True), Incoming("b", req(n=5), False)])
     assert out[1].status == 503 and "retry" in json.loads(out[1].body)["error"]["message"]
     assert ("ts_llm_request_failure_total", 1, "engine_full") in sink.values
 

@@ -97,4 +97,5 @@ def tiny_transformer(slots: int, max_seq_len: int, seed: int = 0) -> Transformer
 
 def tiny_engine(slots: int = 4, max_seq_len: int = 64, seed: int = 0) -> Engine:
     model = tiny_transformer(slots, max_seq_len, seed)
-    return Engine(model.prefill, model.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"))
+    return Engine(model.prefill, model.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"),
+                  copy_prefix=model.copy_prefix)
