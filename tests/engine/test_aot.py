@@ -213,9 +213,11 @@ def test_another_torch_version_takes_the_cold_path(cold, loaded, cfg, key, tmp_p
 
 
 def _lower_profile() -> str | None:
-    """A profile below the one this process runs (avx2 on AVX-512, the x86_64 baseline on AVX2)."""
+    """A profile below the one this process runs whose ATen kernels differ too (avx2 on AVX-512,
+    the x86_64 baseline on AVX2; not avx512 on avx512_bf16, which shares its ATen ISA)."""
     plat = platform.detect()
-    below = plat.usable[plat.usable.index(plat.profile) + 1:]
+    below = [p for p in plat.usable[plat.usable.index(plat.profile) + 1:]
+             if p.aten_capability != plat.profile.aten_capability]
     return below[0].name if below else None
 
 
