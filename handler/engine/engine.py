@@ -188,9 +188,9 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return [self._append(s, t, logits[row]) for row, (s, t) in enumerate(zip(seqs, next_ids))]
+        return [self._append(s, t, logits, row) for row, (s, t) in enumerate(zip(seqs, next_ids))]
 
-    def _append(self, seq: Sequence, token: int, logits: Tensor) -> StepOutput:
+    def _append(self, seq: Sequence, token: int, logits: Tensor, row: int) -> StepOutput:
         new_ids: tuple[int, ...] = ()
         if token in self.tokenizer.eos_ids and not seq.params.ignore_eos:
             seq.finish_reason = "stop"
@@ -205,7 +205,7 @@ class Engine:
         delta = _take_text(seq)
         if seq.finish_reason is not None:
             self._slots[seq.slot] = None
-        logprobs = (token_logprob(logits, token, seq.params),) if new_ids and seq.params.logprobs is not None else ()
+        logprobs = (token_logprob(logits[row], token, seq.params),) if new_ids and seq.params.logprobs is not None else ()
         return StepOutput(seq.request_id, seq.index, delta, new_ids, seq.finish_reason, len(seq.prompt_ids),
                           len(seq.output_ids), logprobs)
 

@@ -69,7 +69,6 @@ class Live:
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
-    prompt_tokens: int = 0
 
     @property
     def cut(self) -> bool:
@@ -78,7 +77,7 @@ class Live:
 
     @property
     def usage(self) -> tuple[int, int]:
-        return self.prompt_tokens, sum(s.completion_tokens for s in self.samples)
+        return len(self.req.prompt_ids), sum(s.completion_tokens for s in self.samples)
 
 
 class BaseService:
@@ -163,7 +162,7 @@ class BaseService:
             self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
         sample = live.samples[out.index]
         sample.text.append(out.text)
-        sample.completion_tokens, live.prompt_tokens = out.completion_tokens, out.prompt_tokens
+        sample.completion_tokens = out.completion_tokens
         sample.logprobs.extend(out.logprobs)
         if out.finished:
             sample.finish_reason = out.finish_reason
@@ -229,7 +228,8 @@ class ContinuousService(BaseService):
             if not blocked and self.engine.free_slots >= live.req.n:
                 self._start(request_id)
             elif not live.http:
-                refused[request_id] = self._start(request_id)
+                if (refusal := self._start(request_id)) is not None:
+                    refused[request_id] = refusal
             else:
                 blocked = True
         return refused
