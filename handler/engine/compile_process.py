@@ -15,7 +15,6 @@ more would hold a core and the cache lock for minutes after `./serve.sh --stop`.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from handler.engine import artifacts
+from handler.engine import artifacts, config
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
@@ -59,11 +58,6 @@ def watch_parent(pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
     return thread
 
 
-def config_from_json(text: str) -> EngineConfig:
-    values = json.loads(text)
-    return EngineConfig(**{**values, "checkpoint_dir": Path(values["checkpoint_dir"])})
-
-
 def compile_into(cfg: EngineConfig, digest: str, dest: Path) -> str:
     """Compile and install the artifact for `cfg` in dest unless a verified one is there; says
     what it did. The key is computed here as the worker computes it and must be the one asked."""
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_parent(args.parent)
     os.nice(NICENESS)
     torch.set_num_threads(args.threads)
-    log.info(compile_into(config_from_json(args.config), args.key, args.dest))
+    log.info(compile_into(config.from_json(args.config), args.key, args.dest))
     return 0
 
 

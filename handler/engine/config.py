@@ -1,6 +1,7 @@
 """Engine configuration: what to load, where, in which dtype, and how to compile it."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -85,3 +86,13 @@ class EngineConfig:
         d.pop("warm_start")
         d["device"] = torch.device(self.device).type
         return d
+
+
+def to_json(cfg: EngineConfig) -> str:
+    """A resolved config as another process (handler.engine.compile_process) reads it back."""
+    return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()})
+
+
+def from_json(text: str) -> EngineConfig:
+    values = json.loads(text)
+    return EngineConfig(**{**values, "checkpoint_dir": Path(values["checkpoint_dir"])})

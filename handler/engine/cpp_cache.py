@@ -120,8 +120,13 @@ def _place(src: Path, target: Path, gunzip: bool) -> int:
     return 1
 
 
-def compiled_libraries() -> set[Path]:
-    """The kernel libraries in Inductor's cache now (to tell what a load had to compile)."""
+def inductor_cache_dir() -> str:
+    """Inductor's kernel cache dir now (a private build dir inside private_build_dirs)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    return set(Path(cache_dir()).glob("*/*.so"))
+    return cache_dir()
+
+
+def compiled_libraries() -> set[Path]:
+    """The kernel libraries in Inductor's cache now (to tell what a load had to compile)."""
+    return set(Path(inductor_cache_dir()).glob("*/*.so"))

@@ -24,8 +24,6 @@ so a recompile is an error, not a silent minute-long stall.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import subprocess
@@ -39,7 +37,7 @@ import torch
 
 from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache, platform
+from handler.engine import aot, artifacts, config, cpp_cache, parallel_compile, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import Checkpoint, check_context, load_model, open_checkpoint
 from handler.engine.compile_errors import CompileError, failure_reason
@@ -260,7 +258,7 @@ def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subpr
     (TorchServe's worker log). Named by module: importing it here would make a cycle."""
     # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
     # needs is kept by the process's lower priority (compiling is mostly one thread anyway).
-    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config_json(cfg), "--key", key.digest(),
+    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config.to_json(cfg), "--key", key.digest(),
            "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
     return subprocess.Popen(cmd)
 
@@ -271,11 +269,6 @@ def wait_for_compile(process: subprocess.Popen) -> None:
     if code != 0:
         raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
                            "the worker log above, as 'compile process:'")
-
-
-def config_json(cfg: EngineConfig) -> str:
-    """The resolved config the compile process builds the same model from."""
-    return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()})
 
 
 def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
@@ -292,8 +285,9 @@ def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, de
     """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
     returns the steps loaded back from it. Call it holding dest's lock when others may read it."""
     loaded: list[aot.AotSteps] = []
+    model_cache = cpp_cache.inductor_cache_dir()  # where `model`'s own kernels were built
     with cpp_cache.private_build_dirs() as build_dir:
-        compiled = aot.compile_steps(model, cfg)
+        compiled = parallel_compile.compile_steps(model, cfg, model_cache)
 
         def write(staged: Path) -> None:
             aot.save_artifacts(compiled, staged, build_dir)

@@ -20,7 +20,7 @@ import torch
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache, platform
+from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError
@@ -181,6 +181,7 @@ def observed(monkeypatch):
         raise AssertionError(f"load_artifacts({path}) must not be reached")
 
     monkeypatch.setattr(aot, "compile_steps", no_compile)
+    monkeypatch.setattr(parallel_compile, "compile_steps", no_compile)
     monkeypatch.setattr(aot, "load_artifacts", count_load)
     return calls
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from handler.cache.key import KEY_FILE_NAME
-from handler.engine import artifacts, platform
+from handler.engine import artifacts, config, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError
-from handler.engine.compile_process import compile_into, config_from_json
+from handler.engine.compile_process import compile_into
 from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine, config_json, wait_for_compile
+from handler.engine.factory import build_engine, wait_for_compile
 from handler.engine.sampling import SamplingParams
 
 PROMPTS = ["The capital of France is", "Hi"]
@@ -29,7 +29,7 @@ def cfg(tiny_checkpoint) -> EngineConfig:
 
 
 def test_the_config_reaches_the_process_unchanged(cfg):
-    assert config_from_json(config_json(cfg)) == cfg
+    assert config.from_json(config.to_json(cfg)) == cfg
 
 
 def test_a_failed_compile_process_is_a_compile_error():

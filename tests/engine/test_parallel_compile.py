@@ -1,0 +1,52 @@
+"""Prefill compiled in a process of its own beside decode: one artifact, as if compiled in one."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from handler.engine import aot, cpp_cache, parallel_compile
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.config import EngineConfig
+from handler.engine.factory import prepare_model
+
+pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_checkpoint) -> EngineConfig:
+    return EngineConfig(tiny_checkpoint, dtype="float32", packed_weights="off", max_batch_size=4, max_seq_len=64)
+
+
+@pytest.fixture
+def model(cfg):
+    return prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
+
+
+def test_prefill_compiles_in_a_child_as_it_would_here(cfg, model, caplog, capfd):
+    with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"):
+        steps = parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir())
+    assert "compiling prefill in a process of its own" in caplog.text
+    assert "compile process (prefill):" in capfd.readouterr().err  # the child's own log lines
+    assert len(steps.prefill.graphs) == 1 and len(steps.decode.graphs) == 2
+    assert steps.examples["prefill"] and steps.examples["decode"]
+    tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
+    slots, last = torch.arange(2), torch.tensor([3, 2])
+    here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
+    assert torch.equal(steps.prefill(tokens, slots, last), here.prefill(tokens, slots, last))
+
+
+def test_a_failing_child_is_an_aot_error_naming_it(cfg, model, monkeypatch, tmp_path):
+    gone = dataclasses.replace(cfg, checkpoint_dir=tmp_path / "gone")  # the child cannot build the model
+    monkeypatch.setattr(aot, "compile_step", lambda *args: (aot.CompiledStep(model, "decode"), []))
+    with pytest.raises(aot.AotError, match=r"compiling prefill in a process of its own .* failed with exit code 1"):
+        parallel_compile.compile_steps(model, gone, cpp_cache.inductor_cache_dir())
+
+
+def test_one_core_compiles_in_this_process(cfg, model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 1)
+    monkeypatch.setattr(aot, "compile_steps", lambda m, c: calls.append(c) or "steps")
+    assert parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir()) == "steps" and calls == [cfg]
