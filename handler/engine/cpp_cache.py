@@ -6,7 +6,7 @@ container would compile every kernel (~30 s on 2 cores) and Inductor's precompil
 compiler command line, so the files built at compile time are valid wherever the key matches:
 the same torch, CPU features and (for the kernels) install paths.
 
-    kernels/<xx>/<key>.so              Inductor's kernel cache layout (under TORCHINDUCTOR_CACHE_DIR)
+    kernels/<xx>/<key>.so, <key>.*.o   Inductor's kernel cache layout (under TORCHINDUCTOR_CACHE_DIR)
     headers/<hash>.h, <hash>.h.gch.gz  its precompiled header dir (under the temp dir), gzipped
 
 The header dir is a private module constant of torch._inductor.codecache (torch is pinned and
@@ -74,7 +74,7 @@ def _codecache_with_header_dir():
 def pack(build_dir: Path, dest: Path) -> dict[str, list[str]]:
     """Copy the kernel libraries and precompiled headers built under build_dir into dest;
     returns their names relative to dest (the artifact index records them)."""
-    kernels = [_copy(so, build_dir, dest, KERNEL_DIR) for so in sorted(build_dir.glob("*/*.so"))]
+    kernels = [_copy(built, build_dir, dest, KERNEL_DIR) for built in _built_files(Path(build_dir))]
     headers = []
     for header in sorted((build_dir / HEADER_DIR).glob("*.h*")):
         if header.suffix == ".gch":  # ~150 MB that gzip -1 shrinks about 6x
@@ -128,5 +128,12 @@ def inductor_cache_dir() -> str:
 
 
 def compiled_libraries() -> set[Path]:
-    """The kernel libraries in Inductor's cache now (to tell what a load had to compile)."""
-    return set(Path(inductor_cache_dir()).glob("*/*.so"))
+    """The kernel libraries and objects in Inductor's cache now (to tell what a load had to compile)."""
+    return set(_built_files(Path(inductor_cache_dir())))
+
+
+def _built_files(cache: Path) -> list[Path]:
+    # Libraries, and the objects a separately built C++ wrapper links (`<key>.main.o`,
+    # `<key>.optimized.o`): Inductor checks each build step's output before running it, so
+    # without the objects a load compiles them again (~9 s a graph) only to find the library there.
+    return sorted([*cache.glob("*/*.so"), *cache.glob("*/*.o")])

@@ -43,6 +43,7 @@ from handler.engine.checkpoint import Checkpoint, check_context, load_model, ope
 from handler.engine.compile_errors import CompileError, failure_reason
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.engine import Engine
+from handler.engine.grammar import Grammars
 from handler.engine.model import Transformer
 from handler.engine.quant.apply import quantize_model
 from handler.engine.tokenizer import Tokenizer
@@ -108,8 +109,10 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     model = prepare_model(ckpt, cfg)
     steps = build_steps(model, cfg, on_fallback, artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
-    engine = Engine(steps.prefill, steps.decode, Tokenizer.from_dir(ckpt.path), cfg.max_batch_size, cfg.max_seq_len,
-                    torch.device(cfg.device), copy_prefix=model.copy_prefix)
+    tokenizer = Tokenizer.from_dir(ckpt.path)
+    grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
+    engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
+                    torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars)
     return LoadedEngine(engine, model, steps, path)
 
 
@@ -239,6 +242,7 @@ def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactReques
 
     def load() -> aot.AotSteps:
         wait_for_compile(process)
+        log.info("compile cache: the compile process (pid %d) finished; loading what it installed", process.pid)
         with artifacts.holding(wanted.places):
             path = _find_verified(wanted)
             if path is None:
