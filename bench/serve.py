@@ -38,6 +38,12 @@ PROMPTS = [
 ]
 
 
+# Structured output at the same output length as the free requests: a string of at least 200
+# characters cannot close within 32 tokens, so each constrained request also runs to the limit.
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "minLength": 200}}, "required": ["answer"]}}}
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -46,6 +52,8 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=16, help="TorchServe batchSize for both systems")
     p.add_argument("--baseline-dtype", default="float32", help="float32 is transformers' faster CPU setting here")
     p.add_argument("--systems", nargs="+", default=["ours", "baseline"])
+    p.add_argument("--schema-concurrency", type=int, default=16,
+                   help="ours: also run this many clients with a response_format JSON schema (0: skip)")
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile (python -m handler.engine.platform); "
                    "the launcher passes it to both TorchServes")
     return p.parse_args()
@@ -82,6 +90,14 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
             (RESULTS / "raw" / f"serve_{system}_c{conc}.json").write_text(json.dumps(raw(records)))
             print(f"{system} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, p99 TTFT {summary['ttft_p99_s']:.2f} s, "
                   f"errors {summary['errors']}", flush=True)
+        if system == "ours" and args.schema_concurrency:
+            conc = args.schema_concurrency
+            with_schema = [{**b, "response_format": SCHEMA_FORMAT} for b in bodies(args.requests[args.concurrency.index(conc)])]
+            summary = {"system": system, "concurrency": conc, "variant": "json_schema",
+                       **summarize(run_load(url, ts.headers(), with_schema, conc, stream=True))}
+            runs.append(summary)
+            print(f"{system} c={conc} json_schema: {summary['output_tokens_per_s']:.1f} tok/s, errors {summary['errors']}",
+                  flush=True)
     finally:
         ts.stop()
     return runs
@@ -95,7 +111,11 @@ def main() -> None:
         runs = [r for system in args.systems for r in sweep(system, checkpoint, args, Path(tmp))]
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "prompt_tokens": mean_prompt_tokens(checkpoint),
               "versions": versions(), "batch_size": args.batch_size, "baseline_dtype": args.baseline_dtype, "runs": runs}
-    by = {(r["system"], r["concurrency"]): r for r in runs}
+    by = {(r["system"], r["concurrency"]): r for r in runs if "variant" not in r}
+    schema_run = next((r for r in runs if r.get("variant") == "json_schema"), None)
+    if schema_run is not None:
+        result["json_schema_throughput_ratio"] = (schema_run["output_tokens_per_s"]
+                                                  / by["ours", schema_run["concurrency"]]["output_tokens_per_s"])
     if ("ours", 16) in by and ("baseline", 16) in by:
         result["throughput_ratio_vs_baseline_c16"] = by["ours", 16]["output_tokens_per_s"] / by["baseline", 16]["output_tokens_per_s"]
         result["p99_ttft_ratio_vs_baseline_c16"] = by["ours", 16]["ttft_p99_s"] / by["baseline", 16]["ttft_p99_s"]
@@ -119,7 +139,7 @@ def plot(r: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for system in ("ours", "baseline"):
-        runs = [x for x in r["runs"] if x["system"] == system]
+        runs = [x for x in r["runs"] if x["system"] == system and "variant" not in x]
         if runs:
             axes[0].plot([x["concurrency"] for x in runs], [x["output_tokens_per_s"] for x in runs], "o-", label=system)
             axes[1].plot([x["concurrency"] for x in runs], [x["ttft_p99_s"] for x in runs], "o-", label=system)
@@ -140,7 +160,7 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
 
 def markdown(r: dict, argv: str) -> str:
     rows = "\n".join(
-        f"| {x['system']} | {x['concurrency']} | {x['requests']} | {x['errors']} | {x['request_throughput']:.2f} | "
+        f"| {x['system']}{' (' + x['variant'] + ')' if 'variant' in x else ''} | {x['concurrency']} | {x['requests']} | {x['errors']} | {x['request_throughput']:.2f} | "
         f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
         f"{_fmt(x['itl_p50_s'], 1000, 0)} / {_fmt(x['itl_p99_s'], 1000, 0)} | {_fmt(x['e2e_p50_s'])} / {_fmt(x['e2e_p99_s'])} |"
         for x in r["runs"])
@@ -149,6 +169,11 @@ def markdown(r: dict, argv: str) -> str:
     if "throughput_ratio_vs_baseline_c16" in r:
         ratio = (f"At 16 clients: **{r['throughput_ratio_vs_baseline_c16']:.1f}x** the baseline's output tokens/s, p99 TTFT "
                  f"ratio **{r['p99_ttft_ratio_vs_baseline_c16']:.3f}** (ours / baseline).")
+    if "json_schema_throughput_ratio" in r:
+        ratio += (f"\n\n*ours (json_schema)*: the same requests with a `response_format` JSON schema whose string cannot "
+                  f"close within {r['output_tokens']} tokens (so they run as long as the free ones), decoded under "
+                  f"llguidance's per-token mask: `json_schema_throughput_ratio` = **{r['json_schema_throughput_ratio']:.2f}** "
+                  "the free requests' output tok/s at the same concurrency (target >= 0.8).")
     return f"""## Serving (TorchServe, concurrency sweep)
 
 Command: `.venv/bin/python bench/serve.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},

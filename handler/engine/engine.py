@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.sampling import SamplingParams, TokenLogprob, make_generator, sample_next, token_logprob
 from handler.engine.tokenizer import Tokenizer
 
@@ -49,6 +50,7 @@ class Sequence:
     generator: torch.Generator | None
     index: int = 0  # which of its request's samples
     leader: Sequence | None = None  # the request's first sample, whose prefill this one copies
+    matcher: Matcher | None = None  # its grammar's state, when params.json_schema constrains it
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     emitted_chars: int = 0
@@ -78,8 +80,9 @@ class StepOutput:
 
 class Engine:
     def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int,
-                 device: torch.device, copy_prefix: CopyPrefixFn | None = None):
+                 device: torch.device, copy_prefix: CopyPrefixFn | None = None, grammars: Grammars | None = None):
         self._prefill, self._decode, self._copy_prefix = prefill, decode, copy_prefix
+        self.grammars = grammars  # None: requests with a json_schema are refused
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.device = device
@@ -113,13 +116,21 @@ class Engine:
             raise EngineFull(f"all {len(self._slots)} slots are busy")
         if self.free_slots < len(params):
             raise EngineFull(f"{self.free_slots} of {len(self._slots)} slots are free, {len(params)} asked")
+        matchers = [self._matcher(p) for p in params]  # GrammarError before any slot is taken
         leader = None
-        for index, p in enumerate(params):
+        for index, (p, matcher) in enumerate(zip(params, matchers)):
             slot = self._slots.index(None)
-            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader)
+            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher)
             self._slots[slot] = seq
             self._new.append(seq)
             leader = leader or seq
+
+    def _matcher(self, params: SamplingParams) -> Matcher | None:
+        if params.json_schema is None:
+            return None
+        if self.grammars is None:
+            raise GrammarError("this engine has no grammar support; send the request without a schema")
+        return self.grammars.matcher(params.json_schema)
 
     def cancel(self, request_id: str) -> None:
         for i, seq in enumerate(self._slots):
@@ -187,6 +198,10 @@ class Engine:
         return logits[torch.tensor([s.slot for s in seqs], device=logits.device)]
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
+        # logits: [len(seqs), V], this step's own copy (indexed out of the graph's output)
+        for row, s in enumerate(seqs):
+            if s.matcher is not None:
+                s.matcher.mask_logits(logits[row])
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
         return [self._append(s, t, logits, row) for row, (s, t) in enumerate(zip(seqs, next_ids))]
 
@@ -197,8 +212,10 @@ class Engine:
         else:
             seq.output_ids.append(token)
             new_ids = (token,)
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
             seq.text = self.tokenizer.decode(seq.output_ids)
-            if _cut_at_stop(seq):
+            if _cut_at_stop(seq) or (seq.matcher is not None and seq.matcher.complete):
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_new_tokens or seq.next_pos + 1 >= self.max_seq_len:
                 seq.finish_reason = "length"

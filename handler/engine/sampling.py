@@ -28,6 +28,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
+    json_schema: str | None = None  # output constrained to this JSON schema (canonical JSON text; handler.engine.grammar)
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
@@ -87,4 +88,6 @@ def token_logprob(logits: Tensor, token_id: int, p: SamplingParams) -> TokenLogp
     scaled = logits.float().cpu() / (p.temperature if p.temperature > 0 else 1.0)
     logprobs = torch.log_softmax(scaled, dim=-1)
     values, ids = torch.topk(logprobs, p.logprobs or 0)
-    return TokenLogprob(token_id, float(logprobs[token_id]), tuple(zip(ids.tolist(), values.tolist())))
+    # A grammar may allow fewer than k tokens: the rest are -inf, which JSON cannot carry.
+    top = tuple((i, v) for i, v in zip(ids.tolist(), values.tolist()) if v != float("-inf"))
+    return TokenLogprob(token_id, float(logprobs[token_id]), top)

@@ -19,6 +19,7 @@ COUNTERS = {
     "ts_llm_generation_tokens_total": "Count",
     "ts_llm_request_success_total": "Count",  # label finished_reason
     "ts_llm_request_failure_total": "Count",  # label reason
+    "ts_llm_structured_output_requests_total": "Count",  # accepted requests with a response_format schema
     "ts_llm_compile_eager_fallback_total": "Count",
     "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification or another key: not loaded
 }

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from handler.engine.grammar import ANY_OBJECT, schema_text
 from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
@@ -52,14 +53,16 @@ class GenerationRequest:
 
 
 # Fields each API accepts; anything else is rejected by name.
-_COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos"}
+_COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos", "response_format"}
 FIELDS = {
     "native": _COMMON | {"prompt", "messages"},
     "completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                    "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs"},
+                    "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs", "response_format"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs"},
+             "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs",
+             "response_format"},
 }
+FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
 def is_model_list(url_path: str) -> bool:
@@ -201,7 +204,7 @@ def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
     seed = _get(data, "seed", int, None)
     ignore_eos = _get(data, "ignore_eos", bool, False)  # benchmarks: always produce max_new_tokens
     return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos,
-                          _logprobs(api, data))
+                          _logprobs(api, data), _json_schema(data))
 
 
 def _logprobs(api: str, data: dict) -> int | None:
@@ -220,6 +223,24 @@ def _logprobs(api: str, data: dict) -> int | None:
     if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
         raise RequestError(f"`{name}` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}")
     return k
+
+
+def _json_schema(data: dict) -> str | None:
+    """OpenAI's response_format as the JSON schema the output must follow (canonical text); None
+    for free text. Whether the engine can compile the schema is checked by the service."""
+    fmt = _get(data, "response_format", dict, None)
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind != "json_schema":
+        raise RequestError(f"`response_format.type` must be one of {', '.join(FORMAT_TYPES)}, got {json.dumps(kind)}")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError("`response_format` of type json_schema needs `json_schema: {\"name\": ..., \"schema\": {...}}` "
+                           "with the schema as an object")
+    return schema_text(spec["schema"])
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from handler.engine.engine import Engine, EngineFull, StepOutput
+from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
 from handler.serving.formats import Choice, Formatter, error_body, model_list_body
 from handler.serving.metrics import MetricSink
@@ -124,12 +125,25 @@ class BaseService:
         tok = self.engine.tokenizer
         try:
             req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
+            self._check_schema(req.params.json_schema)
         except RequestError as err:
             self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
             return Reply(error_body(err.message, err.status), err.status)
         fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
         self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), [Sample() for _ in range(req.n)])
         return None
+
+    def _check_schema(self, schema: str | None) -> None:
+        """A 400 now for a schema the engine cannot constrain to, not an error at admission."""
+        if schema is None:
+            return
+        if self.engine.grammars is None:
+            raise RequestError("`response_format` is not supported by this engine; send the request without it")
+        try:
+            self.engine.grammars.grammar(schema)
+        except GrammarError as err:
+            raise RequestError(f"`response_format`: {err}") from err
+        self.metrics.observe("ts_llm_structured_output_requests_total", 1)
 
     def _start(self, request_id: str) -> Reply | None:
         """Into the engine; a 503 Reply (and out of self.live) when its slots are not free."""

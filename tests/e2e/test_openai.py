@@ -1,6 +1,9 @@
 """The OpenAI-style routes, called with the official OpenAI client pointed at TorchServe."""
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import openai
 import pytest
 
@@ -91,3 +94,33 @@ def test_chat_n_completions(client):
     r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=5,
                                        temperature=1.0, seed=2, n=3)
     assert [c.index for c in r.choices] == [0, 1, 2] and all(c.message.role == "assistant" for c in r.choices)
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "population": {"type": "integer", "minimum": 0}},
+        "required": ["city", "population"], "additionalProperties": False}
+
+
+def test_chat_json_schema_whole_and_streamed(client):
+    args = dict(model="llm", messages=[{"role": "user", "content": "Name a big city and its population."}],
+                max_tokens=48, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}})
+    whole = client.chat.completions.create(**args).choices[0]
+    jsonschema.validate(json.loads(whole.message.content), CITY)
+    assert whole.finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**args, stream=True)
+                       if c.choices)
+    assert streamed == whole.message.content
+
+
+def test_completions_json_object(client):
+    r = client.completions.create(model="llm", prompt="A JSON object describing a cat:", max_tokens=48, temperature=0,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_an_invalid_schema_is_a_400(client):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}
+    with pytest.raises(openai.BadRequestError, match="invalid JSON schema"):
+        client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       response_format=bad)

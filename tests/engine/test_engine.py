@@ -1,11 +1,15 @@
 """Generation behaviour of the engine on the real default model (eager, fp32)."""
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 import torch
 
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
+from handler.engine.grammar import schema_text
 from handler.engine.sampling import SamplingParams
 
 PROMPTS = [
@@ -148,3 +152,44 @@ def test_logprobs_equal_float32_reference_after_temperature(engine, reference, t
 def test_no_logprobs_unless_asked(engine):
     _, logprobs = _step_logprobs(engine, engine.tokenizer.encode(PROMPTS[1]), _greedy(3))
     assert logprobs == []
+
+
+# ---- structured output: decoding constrained to a JSON schema ------------------------------
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]},
+                                                    "maxItems": 3}},
+          "required": ["name", "age", "pets"], "additionalProperties": False}
+
+
+def _person(seed: int | None = None) -> SamplingParams:
+    return SamplingParams(max_new_tokens=64, temperature=0.9 if seed is not None else 0.0, seed=seed,
+                          json_schema=schema_text(PERSON))
+
+
+def test_fifty_seeded_schema_requests_all_validate(engine):
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": "Describe a person as JSON."}])
+    outputs = engine.generate([ids] * 50, [_person(seed) for seed in range(50)])
+    texts = [engine.tokenizer.decode(out) for out in outputs]
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(texts)) > 10, "seeded samples should differ"
+
+
+def test_constrained_and_free_requests_share_a_batch_as_if_alone(engine):
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    params = [_person(), _greedy(12), _person(seed=3), SamplingParams(max_new_tokens=12, temperature=0.8, seed=1)]
+    together = engine.generate(prompts, params)
+    alone = [engine.generate([ids], [p])[0] for ids, p in zip(prompts, params)]
+    assert together == alone
+
+
+def test_a_grammar_ends_the_sequence_when_complete(engine):
+    ids = engine.tokenizer.encode("Is water wet? Answer:")
+    params = SamplingParams(max_new_tokens=20, json_schema=schema_text({"enum": ["yes", "no"]}))
+    engine.add("q", ids, params)
+    outs = []
+    while engine.running:
+        outs += engine.step()
+    assert outs[-1].finish_reason == "stop" and engine.tokenizer.decode([t for o in outs for t in o.token_ids]) in ('"yes"', '"no"')

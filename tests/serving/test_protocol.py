@@ -174,3 +174,33 @@ def test_logprobs_out_of_range_are_refused(k):
 
 def test_native_api_has_no_logprobs():
     assert "unknown field(s) 'logprobs'" in rejects({"prompt": "hi", "logprobs": 2})
+
+
+# ---- response_format: structured output -----------------------------------------------------
+
+def test_response_format_json_schema_becomes_its_canonical_text():
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object", "required": ["a"]}}}
+    params = parse({"prompt": "hi", "response_format": fmt}, "v1/completions").params
+    assert params.json_schema == '{"required":["a"],"type":"object"}'
+
+
+def test_response_format_json_object_is_any_object():
+    msgs = [{"role": "user", "content": "hi"}]
+    assert parse({"messages": msgs, "response_format": {"type": "json_object"}}, "v1/chat/completions").params.json_schema \
+        == '{"type": "object"}'
+
+
+def test_response_format_text_is_free_text():
+    assert parse({"prompt": "hi", "response_format": {"type": "text"}}, "v1/completions").params.json_schema is None
+    assert parse({"prompt": "hi"}, "v1/completions").params.json_schema is None
+
+
+def test_response_format_of_an_unknown_type_names_the_types():
+    message = rejects({"prompt": "hi", "response_format": {"type": "xml"}}, "v1/completions")
+    assert message == '`response_format.type` must be one of text, json_object, json_schema, got "xml"'
+
+
+def test_response_format_json_schema_needs_its_schema():
+    message = rejects({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "p"}}},
+                      "v1/completions")
+    assert "needs `json_schema: {\"name\": ..., \"schema\": {...}}`" in message

@@ -196,3 +196,23 @@ def test_a_request_whose_samples_do_not_fit_waits_for_slots(engine):
     assert replies["n4"][0] == Reply("", content_type="application/json", more=True)
     assert sorted(_choices(replies["n4"])) == [0, 1, 2, 3]
     assert json.loads(replies["n4"][-1].body)["usage"]["completion_tokens"] == 12
+
+
+def test_a_schema_request_answers_json_and_is_counted(engine):
+    sink = RecordingSink()
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"enum": ["yes", "no"]}}}
+    replies = drive(ContinuousService(engine, LIMITS, sink),
+                    [Incoming("a", {"model": "llm", "prompt": "Is the sky blue?", "max_tokens": 8, "response_format": fmt},
+                              True, url_path="v1/completions")])["a"]
+    body = json.loads(replies[-1].body)
+    assert json.loads(body["choices"][0]["text"]) in ("yes", "no") and body["choices"][0]["finish_reason"] == "stop"
+    assert sink.of("ts_llm_structured_output_requests_total") == [1]
+
+
+def test_an_invalid_schema_is_a_400_that_says_why_and_the_batch_goes_on(engine):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}
+    replies = drive(ContinuousService(engine, LIMITS, RecordingSink()),
+                    [Incoming("bad", req(response_format=bad), True), Incoming("good", req(), True)])
+    assert replies["bad"][0].status == 400
+    assert "`response_format`: invalid JSON schema" in json.loads(replies["bad"][0].body)["error"]["message"]
+    assert json.loads(replies["good"][-1].body)["text"]

@@ -180,3 +180,9 @@ def test_dynamic_mode_serves_a_batch_larger_than_the_slots():
 def test_dynamic_mode_answers_an_invalid_request_with_its_400():
     finals = dynamic().handle([Incoming("bad", {"x": 1}, True), Incoming("ok", req(), True)], lambda partial: None)
     assert finals[0].status == 400 and finals[1].status == 200
+
+
+def test_a_schema_request_to_an_engine_without_grammars_is_a_400():
+    replies = drive(continuous(), [Incoming("a", req(response_format={"type": "json_object"}), True)])
+    assert replies["a"][0].status == 400
+    assert "`response_format` is not supported by this engine" in json.loads(replies["a"][0].body)["error"]["message"]
