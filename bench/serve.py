@@ -93,6 +93,9 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
         if system == "ours" and args.schema_concurrency:
             conc = args.schema_concurrency
             with_schema = [{**b, "response_format": SCHEMA_FORMAT} for b in bodies(args.requests[args.concurrency.index(conc)])]
+            # Warm-up, not recorded: the first schema builds the grammar engine's tokenizer tables
+            # (~0.3 s, once per worker; bench/grammar.py) and compiles the schema.
+            run_load(url, ts.headers(), with_schema[:1], 1, stream=True)
             summary = {"system": system, "concurrency": conc, "variant": "json_schema",
                        **summarize(run_load(url, ts.headers(), with_schema, conc, stream=True))}
             runs.append(summary)

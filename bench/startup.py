@@ -335,8 +335,8 @@ are driven by 1-token requests meanwhile). *warm_blocking* is the same instance 
   `cold_first_answer_over_eager` = **{r['cold_first_answer_over_eager']:.2f}** (target ≤ {TARGETS['cold_first_answer_over_eager']}: {met('cold_first_answer_over_eager')});
   compiled steps serve from `cold_compiled_seconds` = **{r['cold_compiled_seconds']:.0f} s** after the start
   (target ≤ {TARGETS['cold_compiled_seconds']}: {met('cold_compiled_seconds')}).
-- Compiled artifact: {runs['cold']['artifact_mb']:.1f} MB (AOT-compiled graphs, their C++ kernels and Inductor's
-  precompiled header; no weights).
+- Compiled artifact: {runs['cold']['artifact_mb']:.1f} MB (AOT-compiled graphs, their C++ libraries and objects, and Inductor's
+  two precompiled headers; no weights).
 - Model: SmolLM2-135M-Instruct, bf16 activations with the GGUF's quantized projections (`quantization: auto`),
   16 KV-cache slots x 2048 tokens, continuous batching.
 - Versions: torch {v.get('torch')}, TorchServe {v.get('torchserve')}, Python {v.get('python')}; {v.get('machine')}, {v.get('threads')} threads.
@@ -353,9 +353,9 @@ worker (importing Dynamo and Inductor, unpickling each graph, rebuilding its gua
 the C++ kernels and Inductor's precompiled header), which a blocking load adds to the ready time;
 the background load overlaps it with serving. *restart*, the same instance starting again with
 everything local (not a target, an explanation), shows how little of that is the artifact's
-travel. The precompiled header travels (gzipped, ~27 MB) because Inductor builds it at load even
-when every kernel is prebuilt (~5 s here); turning header precompilation off instead changes
-every kernel's cache key. With a larger model both replicas are dominated by loading weights,
+travel. The precompiled headers travel (gzipped, ~27 MB each: the wrapper's, built at `-O1`, and
+the kernels', at `-O3`) because Inductor builds them at load even when every kernel is prebuilt
+(~5 s each here); turning header precompilation off instead changes every kernel's cache key. With a larger model both replicas are dominated by loading weights,
 and the ratios move towards 1.
 
 ![startup](results/startup.png)

@@ -22,7 +22,8 @@ from handler.engine import aot
 from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.factory import compile_and_install, prepare_model
+from handler.engine.factory import compile_and_install
+from handler.engine.prepare import prepare_model
 from handler.engine.platform import auto_quantization, resolve
 from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 

@@ -17,10 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import torch
@@ -29,33 +26,13 @@ from handler.engine import artifacts, config
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.factory import compile_and_install, prepare_model
+from handler.engine.factory import compile_and_install
+from handler.engine.parent_watch import watch_parent
+from handler.engine.prepare import prepare_model
 
 log = logging.getLogger("handler.engine.compile_process")
 
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
-PARENT_POLL_S = 1.0
-EXIT_GRACE_S = 10.0  # after the parent is gone: time for the main thread's cleanup before a hard exit
-
-
-def watch_parent(pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
-    """Interrupt the main thread (SIGINT, whose KeyboardInterrupt runs its `finally` blocks, which
-    remove what it was writing) once `pid` is no longer this process's parent; exit hard if that
-    does not end it."""
-    # Python's own handler: a worker started with SIGINT ignored would pass that on.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def watch() -> None:
-        while os.getppid() == pid:
-            time.sleep(poll_s)
-        log.error("the worker (pid %d) is gone; stopping the compile", pid)
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(EXIT_GRACE_S)
-        os._exit(1)
-
-    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 def compile_into(cfg: EngineConfig, digest: str, dest: Path) -> str:

@@ -39,13 +39,13 @@ from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import aot, artifacts, config, cpp_cache, parallel_compile, platform
 from handler.engine.artifacts import ArtifactPlaces, Verdict
-from handler.engine.checkpoint import Checkpoint, check_context, load_model, open_checkpoint
+from handler.engine.checkpoint import Checkpoint, open_checkpoint
 from handler.engine.compile_errors import CompileError, failure_reason
-from handler.engine.config import DTYPES, EngineConfig
+from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
 from handler.engine.model import Transformer
-from handler.engine.quant.apply import quantize_model
+from handler.engine.prepare import prepare_model
 from handler.engine.tokenizer import Tokenizer
 from handler.engine.warm_start import BackgroundLoad
 
@@ -114,18 +114,6 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
                     torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars)
     return LoadedEngine(engine, model, steps, path)
-
-
-def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
-    """The model as the steps are compiled for it and called with: weights in the resolved
-    dtype, projections quantized if chosen, packed copies if chosen (the graphs call packed_linear then), KV cache allocated."""
-    check_context(ckpt.args, cfg.max_seq_len)
-    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
-    quantize_model(model, ckpt, cfg)
-    if cfg.packed_weights != "off":
-        model.pack_weights(DTYPES[cfg.packed_weights])
-    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
-    return model
 
 
 def artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces | None,

@@ -7,7 +7,7 @@ and free sequences share a batch and the graphs stay as they are.
 
 llguidance, not xgrammar or outlines-core: no dependencies of its own (xgrammar pulls triton and
 transformers), a tokenizer read from tokenizer.json, and a mask of the default model's 49,152
-tokens in tens of microseconds (measured: docs/benchmarks.md, Structured output).
+tokens in ~0.15-0.25 ms, applied (bench/grammar.py; docs/benchmarks.md, Structured output).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Grammars:
 
     @functools.cached_property
     def _tokenizer(self) -> llguidance.LLTokenizer:
-        # Built at the first schema, not at start: ~1 s that a replica without such requests never pays.
+        # Built at the first schema, not at start: ~0.3 s that a replica without such requests never pays.
         tokenizer_json, vocab_size, eos_ids = self._args
         return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
 

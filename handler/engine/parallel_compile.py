@@ -23,9 +23,12 @@ from pathlib import Path
 import torch
 
 from handler.engine import aot, config, cpp_cache, platform
+from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_progress import CompileProgress
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
+from handler.engine.parent_watch import watch_parent
+from handler.engine.prepare import prepare_model
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +85,6 @@ def compile_into(cfg: EngineConfig, model_cache_dir: Path, kernel_dir: Path, out
     `out` with their example shapes, their kernels built in `kernel_dir` (the parent's build dir)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    from handler.engine.checkpoint import open_checkpoint
-    from handler.engine.factory import prepare_model  # a module that imports this one
-
     platform.current()  # the profile's -march, as the parent compiles with
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
@@ -109,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", type=int, required=True, help="stop when this process is gone")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"compile process ({ASIDE}): %(levelname)s %(name)s: %(message)s")
-    from handler.engine.compile_process import watch_parent  # imports the factory, which imports this module
-
     watch_parent(args.parent)
     torch.set_num_threads(args.threads)
     compile_into(config.from_json(args.config), args.model_cache_dir, args.kernel_dir, args.out)

@@ -10,7 +10,7 @@ import torch
 from handler.engine import aot, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.factory import prepare_model
+from handler.engine.prepare import prepare_model
 
 pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
 
