@@ -54,7 +54,10 @@ class Grammars:
         return grammar
 
     def matcher(self, schema: str) -> Matcher:
-        return Matcher(llguidance.LLMatcher(self._tokenizer, self.grammar(schema), log_level=0))
+        matcher = llguidance.LLMatcher(self._tokenizer, self.grammar(schema), log_level=0)
+        if matcher.is_error():  # it raises nothing: a grammar over its limits leaves it in an error state
+            raise GrammarError(f"invalid JSON schema: {matcher.get_error()}")
+        return Matcher(matcher)
 
 
 class Matcher:

@@ -154,6 +154,10 @@ class BaseService:
             del self.live[request_id]
             self.metrics.observe("ts_llm_request_failure_total", 1, "engine_full")
             return Reply(error_body(f"{err}; retry", 503), 503)
+        except GrammarError as err:  # checked at _accept; a matcher can still fail to start
+            del self.live[request_id]
+            self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
+            return Reply(error_body(f"`response_format`: {err}", 400), 400)
         live.started = True
         self.metrics.observe("ts_llm_prompt_tokens_total", len(live.req.prompt_ids))
         return None
@@ -239,9 +243,7 @@ class ContinuousService(BaseService):
         for request_id, live in list(self.live.items()):
             if live.started or live.finish_reason is not None:
                 continue
-            if not blocked and self.engine.free_slots >= live.req.n:
-                self._start(request_id)
-            elif not live.http:
+            if (not blocked and self.engine.free_slots >= live.req.n) or not live.http:
                 if (refusal := self._start(request_id)) is not None:
                     refused[request_id] = refusal
             else:

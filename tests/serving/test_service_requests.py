@@ -186,3 +186,21 @@ def test_a_schema_request_to_an_engine_without_grammars_is_a_400():
     replies = drive(continuous(), [Incoming("a", req(response_format={"type": "json_object"}), True)])
     assert replies["a"][0].status == 400
     assert "`response_format` is not supported by this engine" in json.loads(replies["a"][0].body)["error"]["message"]
+
+
+def test_a_matcher_that_cannot_start_is_a_400_and_takes_no_slot():
+    from handler.engine.grammar import GrammarError
+
+    class UnstartableGrammars:  # compiles every schema, starts no matcher (a grammar over its limits)
+        def grammar(self, schema: str) -> str:
+            return schema
+
+        def matcher(self, schema: str):
+            raise GrammarError("invalid JSON schema: too complex")
+
+    service = continuous()
+    service.engine.grammars = UnstartableGrammars()
+    replies = drive(service, [Incoming("a", req(response_format={"type": "json_object"}), True)])
+    assert replies["a"][0].status == 400
+    assert json.loads(replies["a"][0].body)["error"]["message"] == "`response_format`: invalid JSON schema: too complex"
+    assert service.engine.free_slots == 4 and not service.live
