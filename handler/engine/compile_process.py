@@ -2,6 +2,7 @@
 
 A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
 the model's eager steps; this process builds the same model, AOT-compiles every serving shape
+(prefill in a second process beside it when there are two cores: handler.engine.parallel_compile)
 and installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
 then loads it in the background and switches between two steps (handler.engine.warm_start).
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
