@@ -56,7 +56,11 @@ def parse_args():
                    help="ours: also run this many clients with a response_format JSON schema (0: skip)")
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile (python -m handler.engine.platform); "
                    "the launcher passes it to both TorchServes")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.schema_concurrency and args.schema_concurrency not in args.concurrency:
+        p.error(f"--schema-concurrency {args.schema_concurrency} must be one of --concurrency "
+                f"{args.concurrency}: json_schema_throughput_ratio compares it with the free requests at that level")
+    return args
 
 
 def build_ours(checkpoint: Path, store: Path, args) -> None:

@@ -249,7 +249,8 @@ def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subpr
     """handler.engine.compile_process for `cfg`; its output goes where this process's goes
     (TorchServe's worker log). Named by module: importing it here would make a cycle."""
     # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
-    # needs is kept by the process's lower priority (compiling is mostly one thread anyway).
+    # needs is kept by the process's lower priority (each compile process runs one thread of
+    # Python and g++; handler.engine.parallel_compile adds a second beside it on two cores).
     cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config.to_json(cfg), "--key", key.digest(),
            "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
     return subprocess.Popen(cmd)

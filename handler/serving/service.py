@@ -146,21 +146,23 @@ class BaseService:
         self.metrics.observe("ts_llm_structured_output_requests_total", 1)
 
     def _start(self, request_id: str) -> Reply | None:
-        """Into the engine; a 503 Reply (and out of self.live) when its slots are not free."""
+        """Into the engine; a Reply (and out of self.live) when it cannot start: a 503 when its
+        slots are not free, a 400 when its grammar's matcher cannot start."""
         live = self.live[request_id]
         try:
             self.engine.add_samples(request_id, live.req.prompt_ids, live.req.sample_params())
         except EngineFull as err:  # batchSize <= slots is checked at load; n > 1 can still find too few
-            del self.live[request_id]
-            self.metrics.observe("ts_llm_request_failure_total", 1, "engine_full")
-            return Reply(error_body(f"{err}; retry", 503), 503)
+            return self._refuse_start(request_id, "engine_full", f"{err}; retry", 503)
         except GrammarError as err:  # checked at _accept; a matcher can still fail to start
-            del self.live[request_id]
-            self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
-            return Reply(error_body(f"`response_format`: {err}", 400), 400)
+            return self._refuse_start(request_id, "invalid_request", f"`response_format`: {err}", 400)
         live.started = True
         self.metrics.observe("ts_llm_prompt_tokens_total", len(live.req.prompt_ids))
         return None
+
+    def _refuse_start(self, request_id: str, reason: str, message: str, status: int) -> Reply:
+        del self.live[request_id]
+        self.metrics.observe("ts_llm_request_failure_total", 1, reason)
+        return Reply(error_body(message, status), status)
 
     def _step(self) -> None:
         outputs = self.engine.step()
