@@ -42,11 +42,13 @@ def parse_args():
 def all_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """Next-token logits [T, V] at every position of one sequence (Transformer.prefill keeps only the last)."""
     t = tokens.shape[1]
-    cos, sin = model.rope_cos[None, None, :t], model.rope_sin[None, None, :t]
+    positions = torch.arange(t)[None]  # [1, T]
+    cos, sin = model.rope_cos[positions][:, None], model.rope_sin[positions][:, None]
+    visible = (torch.arange(t)[None, :] <= torch.arange(t)[:, None])[None, None]  # [1, 1, T, T]: causal
     with torch.no_grad():
         x = model.tok_embeddings(tokens)
         for layer in model.layers:
-            x = layer.prefill(x, cos, sin, torch.tensor([0]))
+            x = layer.prefill(x, cos, sin, torch.tensor([0]), positions, visible)
         return model.output(model.norm(x[0])).float()
 
 

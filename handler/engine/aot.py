@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,15 +29,14 @@ from torch import Tensor
 from handler.engine import cpp_cache
 from handler.engine.compile_progress import CompileProgress
 from handler.engine.config import EngineConfig
-from handler.engine.engine import decode_window, prefill_width
 from handler.engine.model import Transformer
+from handler.engine.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
 
 log = logging.getLogger(__name__)
 
-StepName = Literal["prefill", "decode"]
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-FORMAT = 7  # bump when the layout below changes (6: one batch-1 decode graph; 7: packed quantized weights); it is part of the artifact's cache key
+FORMAT = 8  # bump when the layout below changes (7: packed quantized weights; 8: prefill from any position); it is part of the artifact's cache key
 
 
 class AotError(RuntimeError):
@@ -46,52 +45,6 @@ class AotError(RuntimeError):
 
 class NoMatchingGraph(AotError):
     """A call whose shapes no compiled graph accepts: serving it would need a recompile."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    batch: int
-    length: int  # T (prompt width) for prefill, kv_len (attention window) for decode
-
-
-# ---- the shapes serving can produce -----------------------------------------------------------
-
-def example_args(step: StepName, shape: Shape, device: torch.device) -> tuple[Any, ...]:
-    """Arguments of model.<step> with this shape (values do not matter to the guards)."""
-    b, n = shape.batch, shape.length
-    if step == "prefill":
-        return (torch.zeros(b, n, dtype=torch.long, device=device), torch.arange(b, device=device),
-                torch.full((b,), n - 1, device=device))
-    return (torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), n - 1, device=device), n)
-
-
-def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
-    """Every shape the Engine can call `step` with: 1..max_batch_size sequences; prompts padded
-    as engine.prefill_width pads them, attention windows as engine.decode_window makes them."""
-    positions = range(1, cfg.max_seq_len + 1)
-    if step == "prefill":
-        lengths = sorted({prefill_width(n, cfg.max_seq_len) for n in positions})
-        return [Shape(b, n) for n in lengths for b in range(1, cfg.max_batch_size + 1)]
-    return sorted({Shape(b, decode_window(n, cfg.max_seq_len)) for n in positions for b in range(1, cfg.max_batch_size + 1)},
-                  key=lambda s: (s.length, s.batch))
-
-
-def compile_order(shapes: list[Shape], model_sizes: set[int]) -> list[Shape]:
-    """The shapes, led by a representative at sizes equal to no dimension of the model, then
-    batch 1. An example size that equals a model dimension (16 slots, 64 head dims) may get
-    specialized to that value; the coverage loop would stay correct, only compile more graphs."""
-    def generic(values: list[int]) -> int:
-        return next((v for v in values if v not in model_sizes), values[0])
-
-    lengths = sorted({s.length for s in shapes})
-    batches = sorted({s.batch for s in shapes if s.batch >= 2})
-    n = generic(lengths)
-    first = ([Shape(generic(batches), n)] if batches else []) + [Shape(1, n)]
-    return first + [s for s in shapes if s not in first]
-
-
-def model_sizes(model: Transformer) -> set[int]:
-    return {d for t in (*model.parameters(), *model.buffers()) for d in t.shape}
 
 
 # ---- a step: its graphs and the dispatch between them -----------------------------------------
@@ -267,7 +220,7 @@ def save_artifacts(steps: AotSteps, out_dir: Path, build_dir: Path | None) -> li
         for i, (graph, shape) in enumerate(zip(steps.step(name).graphs, steps.examples[name], strict=True)):
             path = out_dir / f"{name}-{i}.bin"
             graph.save_compiled_function(str(path))
-            entries.append({"file": path.name, "batch": shape.batch, "length": shape.length})
+            entries.append(shape.entry(path.name))
         index["steps"][name] = entries
     if build_dir is not None:
         index["cpp"] = cpp_cache.pack(build_dir, out_dir)
@@ -300,7 +253,7 @@ def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
         log.warning("aot: %d C++ libraries the artifact did not carry were compiled at load (it was built "
                     "under another Python/torch install path, or in a process that had compiled before); "
                     "build it where it is served to load in seconds", built)
-    examples = {name: [Shape(e["batch"], e["length"]) for e in index["steps"][name]] for name in STEPS}
+    examples = {name: [Shape.of_entry(e) for e in index["steps"][name]] for name in STEPS}
     log.info("aot: loaded %s from %s (%d C++ files installed)",
              ", ".join(f"{len(steps[n].graphs)} {n} graphs" for n in STEPS), art_dir, installed)
     return AotSteps(steps["prefill"], steps["decode"], examples)

@@ -49,6 +49,12 @@ class EngineConfig:
     group_size: int = 32  # int4 weights per scale and minimum: a multiple of 32
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+    # Padded prompt tokens prefilled per step, all new sequences together (a multiple of 16):
+    # longer prompts are prefilled in chunks between decode steps, so running streams keep going.
+    prefill_chunk: int = 512
+    # Keep each slot's KV after its sequence ends, and start a prompt that shares a prefix with
+    # what a slot holds after that prefix (handler.engine.prefix_cache). Changes no graph.
+    prefix_caching: bool = True
 
     def __post_init__(self):
         if self.dtype not in ("auto", *DTYPES):
@@ -67,6 +73,8 @@ class EngineConfig:
             raise ValueError(f"warm_start must be 'background' or 'blocking', got {self.warm_start!r}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.prefill_chunk < 16 or self.prefill_chunk % 16:
+            raise ValueError(f"prefill_chunk must be a positive multiple of 16, got {self.prefill_chunk}")
         if self.max_batch_size < 1 or self.max_seq_len < 32:
             raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 32, got {self.max_batch_size}, {self.max_seq_len}")
 
@@ -84,6 +92,7 @@ class EngineConfig:
         d.pop("checkpoint_dir")
         d.pop("on_compile_error")
         d.pop("warm_start")
+        d.pop("prefix_caching")
         d["device"] = torch.device(self.device).type
         return d
 

@@ -1,9 +1,15 @@
 """The generation engine: a fixed set of KV-cache slots, batched prefill and decode.
 
-Requests are added into free slots, then each `step()` prefills the newly added ones (their first
-token) and advances every running one by a token. Finished sequences free their slot at once, so
-a waiting request can take it before the next step: this is what continuous batching needs. The
-engine holds no threads and does no I/O; the TorchServe handler drives it.
+Requests are added into free slots, then each `step()` advances every running one by a token and
+prefills the next chunk of the newly added ones (at most `prefill_chunk` padded tokens a step, so
+a long prompt does not stall the running streams; a prompt's last chunk gives its first token).
+Finished sequences free their slot at once, so a waiting request can take it before the next
+step: this is what continuous batching needs.
+
+A slot keeps its KV after its sequence ends (handler.engine.prefix_cache records which tokens):
+with prefix caching a new prompt that shares a prefix with what some slot holds prefills only the
+rest, in that slot or after copying the prefix from it. The engine holds no threads and does no
+I/O; the TorchServe handler drives it.
 """
 from __future__ import annotations
 
@@ -14,7 +20,9 @@ import torch
 from torch import Tensor
 
 from handler.engine.grammar import GrammarError, Grammars, Matcher
+from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import SamplingParams, TokenLogprob, make_generator, sample_next, token_logprob
+from handler.engine.stop_text import cut_at_stop, take_text
 from handler.engine.tokenizer import Tokenizer
 
 PREFILL_PAD = 16  # prompts are right-padded to a multiple of this: fewer distinct shapes
@@ -27,12 +35,14 @@ def decode_window(positions: int, max_seq_len: int) -> int:
     return min(-(-positions // KV_BUCKET) * KV_BUCKET, max_seq_len)
 
 
-def prefill_width(longest_prompt: int, max_seq_len: int) -> int:
-    """The padded prompt width of a prefill whose longest prompt has `longest_prompt` tokens."""
-    return min(-(-longest_prompt // PREFILL_PAD) * PREFILL_PAD, max_seq_len)
+def prefill_width(longest_chunk: int, limit: int) -> int:
+    """The padded width of a prefill whose longest chunk has `longest_chunk` tokens (at most
+    `limit`: the chunk size, or max_seq_len when that is smaller)."""
+    return min(-(-longest_chunk // PREFILL_PAD) * PREFILL_PAD, limit)
 
 
-PrefillFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (tokens[B,T], slot_ids[B], last_index[B]) -> logits[B,V]
+# (tokens[B,T], slot_ids[B], start_pos[B], last_index[B], kv_len) -> logits[B,V]: see Transformer.prefill
+PrefillFn = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
 DecodeFn = Callable[[Tensor, Tensor, int], Tensor]  # (tokens[B], input_pos[B], kv_len) -> logits[B,V]
 CopyPrefixFn = Callable[[int, int, int], None]  # (src slot, dst slot, positions): KV of 0..positions-1
 
@@ -51,6 +61,9 @@ class Sequence:
     index: int = 0  # which of its request's samples
     leader: Sequence | None = None  # the request's first sample, whose prefill this one copies
     matcher: Matcher | None = None  # its grammar's state, when params.json_schema constrains it
+    started: bool = False  # its prefill has begun (its slot's cached prefix is settled)
+    prefilled: int = 0  # prompt positions with KV in its slot
+    cached_tokens: int = 0  # of those, taken from the prefix cache rather than computed
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     emitted_chars: int = 0
@@ -72,6 +85,7 @@ class StepOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked for them
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -80,14 +94,20 @@ class StepOutput:
 
 class Engine:
     def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int,
-                 device: torch.device, copy_prefix: CopyPrefixFn | None = None, grammars: Grammars | None = None):
+                 device: torch.device, copy_prefix: CopyPrefixFn | None = None, grammars: Grammars | None = None,
+                 prefill_chunk: int = 512, prefix_caching: bool = False):
+        assert prefill_chunk % PREFILL_PAD == 0, prefill_chunk
+        assert copy_prefix is not None or not prefix_caching, "prefix caching copies prefixes between slots"
         self._prefill, self._decode, self._copy_prefix = prefill, decode, copy_prefix
         self.grammars = grammars  # None: requests with a json_schema are refused
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.device = device
+        self.prefill_chunk = prefill_chunk  # padded prompt tokens prefilled per step, all sequences together
+        self.prefix_caching = prefix_caching
         self._slots: list[Sequence | None] = [None] * slots
-        self._new: list[Sequence] = []
+        self._cache = PrefixCache(slots)  # what each slot holds, kept track of with caching off too
+        self._waiting: list[Sequence] = []  # added, prompt not yet all prefilled; in arrival order
 
     # ---- admission -------------------------------------------------------------------------
     @property
@@ -119,11 +139,28 @@ class Engine:
         matchers = [self._matcher(p) for p in params]  # GrammarError before any slot is taken
         leader = None
         for index, (p, matcher) in enumerate(zip(params, matchers)):
-            slot = self._slots.index(None)
+            slot = self._free_slot(prompt_ids if leader is None else [])
             seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher)
             self._slots[slot] = seq
-            self._new.append(seq)
+            self._waiting.append(seq)
             leader = leader or seq
+
+    def _free_slot(self, prompt_ids: list[int]) -> int:
+        """A free slot below the highest taken one (decode computes its row anyway): the one
+        holding the longest prefix of the prompt (with prefix caching), else the one least
+        recently used; else the lowest free slot, which keeps decode's batch as small as it can
+        be (a lone request decodes at batch 1, its fastest graph). A prefix held elsewhere is
+        copied over when the prefill starts."""
+        taken = [i for i, s in enumerate(self._slots) if s is not None]
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        inside = [i for i in free if taken and i < taken[-1]]
+        if not inside:
+            return free[0]
+        if self.prefix_caching:
+            slot, _ = self._cache.longest(prompt_ids, among=inside)
+            if slot is not None:
+                return slot
+        return self._cache.least_recently_used(inside)
 
     def _matcher(self, params: SamplingParams) -> Matcher | None:
         if params.json_schema is None:
@@ -136,22 +173,22 @@ class Engine:
         for i, seq in enumerate(self._slots):
             if seq is not None and seq.request_id == request_id:
                 self._slots[i] = None
-        self._new = [s for s in self._new if s.request_id != request_id]
+        self._waiting = [s for s in self._waiting if s.request_id != request_id]
 
     # ---- stepping --------------------------------------------------------------------------
     # no_grad, not inference_mode: AOT-compiled steps guard on each tensor's dispatch keys, and
     # tensors made in inference mode lack the autograd key the graphs were captured with.
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
-        new, self._new = self._new, []
-        running = [s for s in self._slots if s is not None and s not in new]
+        running = [s for s in self._slots if s is not None and s.output_ids]
         outputs = []
-        # Decode first: its rows for slots it does not run write junk at position 0, which the
-        # prefill of a newly admitted sequence in such a slot then overwrites.
         if running:
             outputs += self._advance(running, self._run_decode(running))
-        if new:
-            outputs += self._advance(new, self._prefilled(new))
+        chunks = self._schedule_prefill()
+        if chunks:
+            ready, logits = self._prefilled(chunks, self._run_prefill(chunks))
+            if ready:
+                outputs += self._advance(ready, logits)
         return outputs
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
@@ -166,35 +203,98 @@ class Engine:
                 done.setdefault(out.request_id, []).extend(out.token_ids)
         return [done[str(i)] for i in range(len(prompts))]
 
-    def _prefilled(self, new: list[Sequence]) -> Tensor:
-        """Next-token logits [len(new), V]: the leaders' from a prefill, each follower its leader's
-        row with the leader's KV copied into its slot."""
-        leaders = [s for s in new if s.leader is None]
-        logits = self._run_prefill(leaders)
-        row = {id(s): i for i, s in enumerate(leaders)}
-        for s in new:
+    # ---- prefill: which chunks, from where --------------------------------------------------
+    def _schedule_prefill(self) -> list[tuple[Sequence, int, int]]:
+        """This step's chunks (sequence, first position, tokens), first come first served, while
+        the padded batch fits in prefill_chunk tokens. A request's other samples wait for its
+        first (they copy its prefix); a prompt that shares a longer prefix with one being
+        prefilled than any slot holds waits for it, to prefill only the rest."""
+        picked: list[Sequence] = []
+        width = 0
+        for s in self._waiting:
             if s.leader is not None:
-                self._copy_prefix(s.leader.slot, s.slot, len(s.prompt_ids))
-        return logits[torch.tensor([row[id(s.leader or s)] for s in new], device=logits.device)]
+                continue
+            if not s.started:
+                if self._waits_for_prefix(s):
+                    continue
+                self._start(s)
+            wider = max(width, prefill_width(len(s.prompt_ids) - s.prefilled, self.prefill_chunk))
+            if picked and (len(picked) + 1) * wider > self.prefill_chunk:
+                break
+            picked.append(s)
+            width = wider
+        return [(s, s.prefilled, min(len(s.prompt_ids) - s.prefilled, width)) for s in picked]
 
-    def _run_prefill(self, seqs: list[Sequence]) -> Tensor:
-        width = prefill_width(max(len(s.prompt_ids) for s in seqs), self.max_seq_len)
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for row, s in enumerate(seqs):
-            tokens[row, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
-        slot_ids = torch.tensor([s.slot for s in seqs])
-        last = torch.tensor([len(s.prompt_ids) - 1 for s in seqs])
-        return self._prefill(*(t.to(self.device) for t in (tokens, slot_ids, last)))
+    def _waits_for_prefix(self, seq: Sequence) -> bool:
+        if not self.prefix_caching:
+            return False
+        _, cached = self._cache.longest(seq.prompt_ids)
+        return any(common_prefix(s.prompt_ids, seq.prompt_ids) >= cached + BLOCK
+                   for s in self._waiting if s.started and s.leader is None)
 
+    def _start(self, seq: Sequence) -> None:
+        """Settle the cached prefix the sequence's prefill starts after: what its own slot holds,
+        or what another slot holds, copied over (never the whole prompt: the last token's
+        logits start the answer)."""
+        seq.started = True
+        if self.prefix_caching:
+            source, n = self._cache.longest(seq.prompt_ids, prefer=seq.slot)
+            n = min(n, len(seq.prompt_ids) - 1)
+        else:
+            source, n = None, 0
+        if source is not None and source != seq.slot and n > 0:
+            self._copy_prefix(source, seq.slot, n)
+            self._cache.truncate(seq.slot, 0)
+            self._cache.extend(seq.slot, seq.prompt_ids[:n])
+            self._cache.touch(source)
+        self._cache.truncate(seq.slot, n)
+        seq.prefilled = seq.cached_tokens = n
+
+    def _run_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> Tensor:
+        width = prefill_width(max(n for _, _, n in chunks), min(self.prefill_chunk, self.max_seq_len))
+        tokens = torch.zeros(len(chunks), width, dtype=torch.long)
+        for row, (s, start, n) in enumerate(chunks):
+            tokens[row, :n] = torch.tensor(s.prompt_ids[start:start + n])
+        slot_ids = torch.tensor([s.slot for s, _, _ in chunks])
+        start_pos = torch.tensor([start for _, start, _ in chunks])
+        last = torch.tensor([n - 1 for _, _, n in chunks])
+        kv_len = decode_window(max(start + n for _, start, n in chunks), self.max_seq_len)
+        return self._prefill(*(t.to(self.device) for t in (tokens, slot_ids, start_pos, last)), kv_len)
+
+    def _prefilled(self, chunks: list[tuple[Sequence, int, int]], logits: Tensor) -> tuple[list[Sequence], Tensor]:
+        """The sequences whose prompt is now all prefilled, with their next-token logits: each
+        whose last chunk ran, and its request's other samples, its KV copied into their slots."""
+        ready, rows = [], []
+        for row, (s, start, n) in enumerate(chunks):
+            s.prefilled = start + n
+            self._cache.extend(s.slot, s.prompt_ids[start:start + n])
+            if s.prefilled < len(s.prompt_ids):
+                continue
+            for f in [s] + [f for f in self._waiting if f.leader is s]:
+                if f is not s:
+                    self._copy_prefix(s.slot, f.slot, len(s.prompt_ids))
+                    self._cache.truncate(f.slot, 0)
+                    self._cache.extend(f.slot, f.prompt_ids)
+                    f.prefilled, f.started, f.cached_tokens = len(f.prompt_ids), True, s.cached_tokens
+                ready.append(f)
+                rows.append(row)
+        done = {id(s) for s in ready}
+        self._waiting = [s for s in self._waiting if id(s) not in done]
+        return ready, logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+
+    # ---- decode ----------------------------------------------------------------------------
     def _run_decode(self, seqs: list[Sequence]) -> Tensor:
-        # Decode covers slots 0..n-1; free slots inside that range compute rows nobody reads.
+        # Decode covers slots 0..n-1. A slot it does not run computes a row nobody reads, which
+        # writes its KV just past what the slot holds: no cached prefix is overwritten.
         n = max(s.slot for s in seqs) + 1
         tokens = torch.zeros(n, dtype=torch.long)
-        pos = torch.zeros(n, dtype=torch.long)
+        pos = torch.tensor([len(self._cache.held(i)) for i in range(n)])
         for s in seqs:
             tokens[s.slot], pos[s.slot] = s.output_ids[-1], s.next_pos
-        kv_len = decode_window(int(pos.max()) + 1, self.max_seq_len)
+        kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
+        for s in seqs:
+            self._cache.extend(s.slot, s.output_ids[-1:])
         return logits[torch.tensor([s.slot for s in seqs], device=logits.device)]
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
@@ -215,47 +315,13 @@ class Engine:
             if seq.matcher is not None:
                 seq.matcher.accept(token)
             seq.text = self.tokenizer.decode(seq.output_ids)
-            if _cut_at_stop(seq) or (seq.matcher is not None and seq.matcher.complete):
+            if cut_at_stop(seq) or (seq.matcher is not None and seq.matcher.complete):
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_new_tokens or seq.next_pos + 1 >= self.max_seq_len:
                 seq.finish_reason = "length"
-        delta = _take_text(seq)
+        delta = take_text(seq)
         if seq.finish_reason is not None:
             self._slots[seq.slot] = None
         logprobs = (token_logprob(logits[row], token, seq.params),) if new_ids and seq.params.logprobs is not None else ()
         return StepOutput(seq.request_id, seq.index, delta, new_ids, seq.finish_reason, len(seq.prompt_ids),
-                          len(seq.output_ids), logprobs)
-
-
-def _cut_at_stop(seq: Sequence) -> bool:
-    # Only the tail can hold a new match: search from just before the text emitted so far.
-    for stop in seq.params.stop:
-        at = seq.text.find(stop, max(0, seq.emitted_chars - len(stop)))
-        if at != -1:
-            seq.text = seq.text[:at]
-            return True
-    return False
-
-
-def _take_text(seq: Sequence) -> str:
-    """Text safe to emit now: all of it once finished; else hold back an incomplete UTF-8
-    character and any tail that could still grow into a stop string."""
-    end = len(seq.text)
-    if seq.finish_reason is None:
-        if seq.text.endswith("\ufffd"):
-            end -= 1
-        end -= _stop_prefix_len(seq.text[:end], seq.params.stop)
-    end = max(end, seq.emitted_chars)
-    delta = seq.text[seq.emitted_chars : end]
-    seq.emitted_chars = end
-    return delta
-
-
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
-    longest = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
-                break
-    return longest
+                          len(seq.output_ids), logprobs, seq.cached_tokens)

@@ -112,7 +112,8 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     tokenizer = Tokenizer.from_dir(ckpt.path)
     grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
-                    torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars)
+                    torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars,
+                    prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching)
     return LoadedEngine(engine, model, steps, path)
 
 
@@ -317,10 +318,10 @@ def warm_up(prefill: Callable, decode: Callable, cfg: EngineConfig) -> None:
     batches = [1, 2] if cfg.max_batch_size >= 2 else [1]
     with torch.no_grad():  # as the Engine calls them: grad mode is part of the guards
         for b in batches:
-            for t in (16, 32):
+            for t, kv_len in ((16, 64), (32, 128)):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)
-                slots = torch.arange(b, device=device)
-                prefill(tokens, slots, torch.full((b,), t - 1, device=device))
+                slots, start = torch.arange(b, device=device), torch.zeros(b, dtype=torch.long, device=device)
+                prefill(tokens, slots, start, torch.full((b,), t - 1, device=device), kv_len)
             for kv_len in (64, 128):
                 decode(torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), kv_len - 1, device=device), kv_len)
 

@@ -108,11 +108,11 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
 
-    def write_prefill(self, slot_ids: Tensor, k: Tensor, v: Tensor) -> None:
-        # slot_ids: [B]; k, v: [B, K, T, D] written at positions 0..T-1 of each slot
-        t = k.shape[2]
-        self.k[slot_ids, :, :t] = k
-        self.v[slot_ids, :, :t] = v
+    def write_chunk(self, slot_ids: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
+        # slot_ids: [B]; positions: [B, T]; k, v: [B, K, T, D], row b at its positions of slot b
+        rows = slot_ids[:, None]
+        self.k[rows, :, positions] = k.transpose(1, 2)  # indexed as [B, T, K, D]
+        self.v[rows, :, positions] = v.transpose(1, 2)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Positions 0..length-1 of slot `src` into slot `dst` (a prompt prefilled once for n samples)."""
@@ -217,11 +217,15 @@ class Attention(nn.Module):
         b, _, t, _ = y.shape
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
-    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor) -> Tensor:
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor, positions: Tensor,
+                visible: Tensor) -> Tensor:
+        # visible: [B, 1, T, S], which of the slot's first S cached positions each new token sees
         q, k, v = self._qkv(x, cos, sin)
-        self.kv_cache.write_prefill(slot_ids, k, v)
-        # Fresh sequences start at position 0, so attention needs only the prompt itself.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        self.kv_cache.write_chunk(slot_ids, positions, k, v)
+        kv_len = visible.shape[-1]
+        keys = self.kv_cache.k[slot_ids, :, :kv_len]  # [B, K, S, D]: cached prefix and this chunk
+        values = self.kv_cache.v[slot_ids, :, :kv_len]
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
         return self._out(y)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
@@ -256,8 +260,9 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor) -> Tensor:
-        h = x + self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids)
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor, positions: Tensor,
+                visible: Tensor) -> Tensor:
+        h = x + self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids, positions, visible)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
@@ -290,7 +295,7 @@ class Transformer(nn.Module):
         # need no extra specialization for a window or prompt that reaches max_seq.
         for layer in self.layers:
             layer.attention.kv_cache = KVCache(slots, max_seq + 1, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
-        cos, sin = rope_frequencies(self.args, max_seq)
+        cos, sin = rope_frequencies(self.args, max_seq + 1)  # the spare position too (padding writes it)
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)
 
@@ -299,14 +304,26 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.attention.kv_cache.copy_prefix(src, dst, length)
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, last_index: Tensor) -> Tensor:
-        """tokens: [B, T] right-padded prompts; last_index: [B] index of each prompt's last token.
-        Writes positions 0..T-1 of each slot and returns next-token logits [B, V] (float32)."""
-        t = tokens.shape[1]
-        cos, sin = self.rope_cos[None, None, :t], self.rope_sin[None, None, :t]
+    def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
+        """A chunk of each prompt, from any position (chunked prefill, a cached prefix). tokens:
+        [B, T], right-padded chunks; row b holds positions start_pos[b].. of slot slot_ids[b],
+        whose earlier positions are already cached; last_index: [B], the column of the token
+        whose next-token logits are returned ([B, V], float32); attention covers the first kv_len
+        positions (kv_len > every real token's position). Padding columns write positions past
+        the chunk (the spare position max_seq at most), which nothing reads before they are
+        written again."""
+        b, t = tokens.shape
+        # One row per sequence in every argument: compiled with each batch unbacked, torch cannot
+        # otherwise tell that they agree (attention's q and keys).
+        for arg in (slot_ids, start_pos, last_index):
+            torch._check(arg.shape[0] == b)
+        positions = (start_pos[:, None] + torch.arange(t, device=tokens.device)[None, :]).clamp(max=self.max_seq)  # [B, T]
+        cos = self.rope_cos[positions][:, None]  # [B, 1, T, D]
+        sin = self.rope_sin[positions][:, None]
+        visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer.prefill(x, cos, sin, slot_ids)
+            x = layer.prefill(x, cos, sin, slot_ids, positions, visible[:, None])
         last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
         return self.output(self.norm(last)).float()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from handler.engine import aot, config, cpp_cache, platform
+from handler.engine import aot, config, cpp_cache, platform, shapes
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_progress import CompileProgress
 from handler.engine.config import EngineConfig
@@ -32,7 +32,7 @@ from handler.engine.prepare import prepare_model
 
 log = logging.getLogger(__name__)
 
-ASIDE: aot.StepName = "prefill"  # the step the child compiles (the shorter one; decode has two graphs)
+ASIDE: shapes.StepName = "prefill"  # the step the child compiles (the shorter one; decode has two graphs)
 SHAPES_FILE = "shapes.json"
 
 
@@ -72,11 +72,11 @@ def _start(cfg: EngineConfig, model_cache_dir: str, out: Path) -> subprocess.Pop
     return subprocess.Popen(cmd)  # its output goes where ours goes (the worker log)
 
 
-def _collect(model: Transformer, out: Path) -> tuple[aot.CompiledStep, list[aot.Shape]]:
+def _collect(model: Transformer, out: Path) -> tuple[aot.CompiledStep, list[shapes.Shape]]:
     """The child's graphs, loaded onto `model` (their kernels are in this process's build dir)."""
     entries = json.loads((out / SHAPES_FILE).read_text())
     graphs = [aot.load_graph(out / e["file"]) for e in entries]
-    return aot.CompiledStep(model, ASIDE, graphs), [aot.Shape(e["batch"], e["length"]) for e in entries]
+    return aot.CompiledStep(model, ASIDE, graphs), [shapes.Shape.of_entry(e) for e in entries]
 
 
 def compile_into(cfg: EngineConfig, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
@@ -89,12 +89,12 @@ def compile_into(cfg: EngineConfig, model_cache_dir: Path, kernel_dir: Path, out
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with temporary_cache_dir(str(kernel_dir)):
-        step, shapes = aot.compile_step(model, ASIDE, cfg, CompileProgress(aot.EXPECTED_GRAPHS[ASIDE]))
+        step, examples = aot.compile_step(model, ASIDE, cfg, CompileProgress(aot.EXPECTED_GRAPHS[ASIDE]))
     entries = []
-    for i, (graph, shape) in enumerate(zip(step.graphs, shapes, strict=True)):
+    for i, (graph, shape) in enumerate(zip(step.graphs, examples, strict=True)):
         name = f"{ASIDE}-{i}.bin"
         graph.save_compiled_function(str(out / name))
-        entries.append({"file": name, "batch": shape.batch, "length": shape.length})
+        entries.append(shape.entry(name))
     (out / SHAPES_FILE).write_text(json.dumps(entries))
 
 

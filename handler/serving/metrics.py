@@ -20,6 +20,8 @@ COUNTERS = {
     "ts_llm_request_success_total": "Count",  # label finished_reason
     "ts_llm_request_failure_total": "Count",  # label reason
     "ts_llm_structured_output_requests_total": "Count",  # accepted requests with a response_format schema
+    # prompt tokens whose KV came from the prefix cache; over ts_llm_prompt_tokens_total: the hit rate
+    "ts_llm_prefix_cache_hit_tokens_total": "Count",
     "ts_llm_compile_eager_fallback_total": "Count",
     "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification or another key: not loaded
 }

@@ -180,6 +180,7 @@ class BaseService:
         if live.first_token_at is None:
             live.first_token_at = now
             self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
+            self.metrics.observe("ts_llm_prefix_cache_hit_tokens_total", out.cached_tokens)
         sample = live.samples[out.index]
         sample.text.append(out.text)
         sample.completion_tokens = out.completion_tokens

@@ -20,7 +20,7 @@ import torch
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform
+from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform, shapes
 from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError
@@ -118,8 +118,8 @@ def test_every_serving_shape_has_a_graph(loaded, cfg):
     """Coverage is proven over the Engine's whole shape domain, not sampled."""
     steps = loaded.steps
     for name, step in (("prefill", steps.prefill), ("decode", steps.decode)):
-        for shape in aot.serving_shapes(name, cfg):
-            assert step.match(*aot.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
+        for shape in shapes.serving_shapes(name, cfg):
+            assert step.match(*shapes.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
 
 
 def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
@@ -129,16 +129,16 @@ def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
     frames_before = sum(counters["frames"].values())
     with torch.compiler.set_stance("fail_on_recompile"):
         for b in (1, 2, 8):
-            for t in (16, 48, cfg.max_seq_len):
-                steps.prefill(*aot.example_args("prefill", aot.Shape(b, t), torch.device("cpu")))
-            steps.decode(*aot.example_args("decode", aot.Shape(b, cfg.max_seq_len), torch.device("cpu")))
+            for t, window in ((16, 64), (48, cfg.max_seq_len), (cfg.max_seq_len, cfg.max_seq_len)):
+                steps.prefill(*shapes.example_args("prefill", shapes.Shape(b, t, window), torch.device("cpu")))
+            steps.decode(*shapes.example_args("decode", shapes.Shape(b, cfg.max_seq_len), torch.device("cpu")))
     assert sum(counters["frames"].values()) == frames_before
 
 
 def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(loaded, cfg):
-    whole_cache = aot.Shape(2, cfg.max_seq_len + 1)  # a window the Engine never sends
+    whole_cache = shapes.Shape(2, cfg.max_seq_len + 1)  # a window the Engine never sends
     with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
-        loaded.steps.decode(*aot.example_args("decode", whole_cache, torch.device("cpu")))
+        loaded.steps.decode(*shapes.example_args("decode", whole_cache, torch.device("cpu")))
 
 
 def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
@@ -147,9 +147,9 @@ def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
     prefill, decode = loaded.steps.prefill, loaded.steps.decode
     assert (len(prefill.graphs), len(decode.graphs)) == (1, 2)
     cpu = torch.device("cpu")
-    assert decode.match(*aot.example_args("decode", aot.Shape(1, 64), cpu)) is decode.graphs[0]
+    assert decode.match(*shapes.example_args("decode", shapes.Shape(1, 64), cpu)) is decode.graphs[0]
     for batch in range(2, cfg.max_batch_size + 1):
-        assert decode.match(*aot.example_args("decode", aot.Shape(batch, 64), cpu)) is decode.graphs[1]
+        assert decode.match(*shapes.example_args("decode", shapes.Shape(batch, 64), cpu)) is decode.graphs[1]
 
 
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):

@@ -26,7 +26,7 @@ def _compare_prefill_and_decode(path, prompt_ids):
     t = ids.shape[1]
     with torch.inference_mode():
         ref_logits = ref(ids).logits[0]
-        got_prefill = ours.prefill(ids, torch.tensor([0]), torch.tensor([t - 1]))[0]
+        got_prefill = ours.prefill(ids, torch.tensor([0]), torch.tensor([0]), torch.tensor([t - 1]), 64)[0]
         nxt = int(ref_logits[-1].argmax())
         ref_next = ref(torch.cat([ids, torch.tensor([[nxt]])], 1)).logits[0, -1]
         got_next = ours.decode(torch.tensor([nxt]), torch.tensor([t]), t + 1)[0]

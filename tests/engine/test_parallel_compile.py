@@ -33,9 +33,9 @@ def test_prefill_compiles_in_a_child_as_it_would_here(cfg, model, caplog, capfd)
     assert len(steps.prefill.graphs) == 1 and len(steps.decode.graphs) == 2
     assert steps.examples["prefill"] and steps.examples["decode"]
     tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
-    slots, last = torch.arange(2), torch.tensor([3, 2])
+    args = (tokens, torch.arange(2), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)
     here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
-    assert torch.equal(steps.prefill(tokens, slots, last), here.prefill(tokens, slots, last))
+    assert torch.equal(steps.prefill(*args), here.prefill(*args))
 
 
 def test_a_failing_child_is_an_aot_error_naming_it(cfg, model, monkeypatch, tmp_path):

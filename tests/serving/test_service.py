@@ -216,3 +216,14 @@ def test_an_invalid_schema_is_a_400_that_says_why_and_the_batch_goes_on(engine):
     assert replies["bad"][0].status == 400
     assert "`response_format`: invalid JSON schema" in json.loads(replies["bad"][0].body)["error"]["message"]
     assert json.loads(replies["good"][-1].body)["text"]
+
+
+def test_a_repeated_prompt_is_counted_as_prefix_cache_hits(engine):
+    sink = RecordingSink()
+    service = ContinuousService(engine, LIMITS, sink)
+    prompt = "You are a terse assistant who answers every question about rivers in one sentence. Which is longest?"
+    first = drive(service, [Incoming("a", req(prompt), True)])["a"]
+    again = drive(service, [Incoming("b", req(prompt), True)])["b"]
+    assert json.loads(again[-1].body)["text"] == json.loads(first[-1].body)["text"]
+    prompt_tokens = sink.of("ts_llm_prompt_tokens_total")
+    assert sink.of("ts_llm_prefix_cache_hit_tokens_total") == [0, prompt_tokens[1] - 1], "all but the last token"

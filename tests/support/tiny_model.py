@@ -50,7 +50,7 @@ class CountingSteps:
     vocab_size: int = VOCAB_SIZE
     calls: list[tuple[str, int, int]] = field(default_factory=list)  # (step, batch, width or kv_len)
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, last_index: Tensor) -> Tensor:
+    def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
         self.calls.append(("prefill", tokens.shape[0], tokens.shape[1]))
         return self._logits(tokens[torch.arange(tokens.shape[0]), last_index])
 
@@ -65,9 +65,12 @@ class CountingSteps:
         return [(batch, n) for name, batch, n in self.calls if name == step]
 
 
-def counting_engine(slots: int = 4, max_seq_len: int = 64) -> tuple[Engine, CountingSteps]:
+def counting_engine(slots: int = 4, max_seq_len: int = 64, **options) -> tuple[Engine, CountingSteps]:
+    """options: Engine's own (prefill_chunk, prefix_caching: its prefix copies are no-ops, as the
+    counting steps keep no KV)."""
     steps = CountingSteps()
-    return Engine(steps.prefill, steps.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu")), steps
+    return Engine(steps.prefill, steps.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"),
+                  copy_prefix=lambda src, dst, length: None, **options), steps
 
 
 TINY_ARGS = ModelArgs(vocab_size=VOCAB_SIZE, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -95,7 +98,8 @@ def tiny_transformer(slots: int, max_seq_len: int, seed: int = 0) -> Transformer
     return model
 
 
-def tiny_engine(slots: int = 4, max_seq_len: int = 64, seed: int = 0) -> Engine:
+def tiny_engine(slots: int = 4, max_seq_len: int = 64, seed: int = 0, **options) -> Engine:
+    """options: Engine's own (prefill_chunk, prefix_caching)."""
     model = tiny_transformer(slots, max_seq_len, seed)
     return Engine(model.prefill, model.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"),
-                  copy_prefix=model.copy_prefix)
+                  copy_prefix=model.copy_prefix, **options)

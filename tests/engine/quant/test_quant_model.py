@@ -16,7 +16,8 @@ from handler.engine.quant.ops import dequantize
 
 def _logits(model, tokens):
     with torch.no_grad():
-        return model.prefill(tokens, torch.tensor([0]), torch.tensor([tokens.shape[1] - 1]))
+        t = tokens.shape[1]
+        return model.prefill(tokens, torch.tensor([0]), torch.tensor([0]), torch.tensor([t - 1]), -(-t // 64) * 64)
 
 
 # The kernels round every row of x to int8 per block of 32 (kernels.c), in every projection of

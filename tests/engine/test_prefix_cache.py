@@ -1,0 +1,61 @@
+"""The prefix cache's bookkeeping alone: which slot holds which tokens, lookups by block hash
+confirmed token by token, least-recently-used choice."""
+from __future__ import annotations
+
+from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
+
+SHARED = list(range(100, 100 + 3 * BLOCK))  # three full blocks
+
+
+def test_the_longest_shared_prefix_is_found_to_the_token():
+    cache = PrefixCache(slots=3)
+    cache.extend(0, SHARED[:BLOCK])
+    cache.extend(1, SHARED + [7, 8, 9])
+    assert cache.longest(SHARED + [7, 8, 1]) == (1, len(SHARED) + 2)
+
+
+def test_less_than_one_full_block_in_common_is_no_match():
+    cache = PrefixCache(slots=1)
+    cache.extend(0, SHARED)
+    assert cache.longest(SHARED[: BLOCK - 1] + [0] * BLOCK) == (None, 0)
+
+
+def test_a_hash_collision_is_caught_by_comparing_tokens():
+    cache = PrefixCache(slots=2, block_hash=lambda previous, block: 0)  # every block collides
+    cache.extend(0, [1] * 2 * BLOCK)
+    assert cache.longest([2] * 2 * BLOCK) == (None, 0)
+    assert cache.longest([1] * BLOCK + [2] * BLOCK) == (0, BLOCK)
+
+
+def test_truncated_tokens_are_no_longer_found():
+    cache = PrefixCache(slots=1)
+    cache.extend(0, SHARED)
+    cache.truncate(0, BLOCK + 3)
+    assert cache.held(0) == SHARED[: BLOCK + 3]
+    assert cache.longest(SHARED) == (0, BLOCK + 3)
+    cache.truncate(0, 0)
+    assert cache.longest(SHARED) == (None, 0)
+
+
+def test_ties_go_to_the_preferred_slot_and_among_limits_the_search():
+    cache = PrefixCache(slots=3)
+    for slot in range(3):
+        cache.extend(slot, SHARED)
+    assert cache.longest(SHARED, prefer=2) == (2, len(SHARED))
+    assert cache.longest(SHARED, among=[1]) == (1, len(SHARED))
+    assert cache.longest(SHARED, among=[]) == (None, 0)
+
+
+def test_the_least_recently_used_slot_is_the_one_written_or_used_longest_ago():
+    cache = PrefixCache(slots=3)
+    cache.extend(0, [1])
+    cache.extend(1, [1])
+    cache.extend(2, [1])
+    cache.touch(0)
+    assert cache.least_recently_used([0, 1, 2]) == 1
+
+
+def test_common_prefix_counts_leading_equal_tokens():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
