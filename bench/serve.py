@@ -6,6 +6,10 @@ TorchServe serving the same model through a plain transformers handler.
 
 Writes docs/results/serve.json (+ raw per-request records), docs/results/serve.png and the
 Serving section of docs/benchmarks.md.
+
+Rows beside the sweep (ours only): the same requests constrained by a JSON schema
+(`json_schema_throughput_ratio`), and chat-like traffic whose prompts share a long system prompt,
+served with prefix caching off and then on (`prefix_cache_ttft_ratio`, `prefix_cache_throughput_ratio`).
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,6 +60,11 @@ def parse_args():
     p.add_argument("--systems", nargs="+", default=["ours", "baseline"])
     p.add_argument("--schema-concurrency", type=int, default=16,
                    help="ours: also run this many clients with a response_format JSON schema (0: skip)")
+    p.add_argument("--prefix-clients", type=int, default=16,
+                   help="ours: this many clients sending prompts that share a system prompt, prefix caching off "
+                        "then on (0: skip)")
+    p.add_argument("--prefix-tokens", type=int, default=1000, help="tokens of the shared system prompt")
+    p.add_argument("--prefix-requests", type=int, default=48)
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile (python -m handler.engine.platform); "
                    "the launcher passes it to both TorchServes")
     args = p.parse_args()
@@ -63,8 +74,8 @@ def parse_args():
     return args
 
 
-def build_ours(checkpoint: Path, store: Path, args) -> None:
-    handler = {"dtype": "auto", "max_seq_len": 512, "served_model_name": "llm"}
+def build_ours(checkpoint: Path, store: Path, args, **handler) -> None:
+    handler = {"dtype": "auto", "max_seq_len": 512, "served_model_name": "llm", **handler}
     build_mar(checkpoint, "llm", store, ServingOptions("continuous", args.batch_size, 10, handler=handler))
 
 
@@ -73,15 +84,25 @@ def build_baseline(checkpoint: Path, store: Path, args) -> None:
     build_mar(checkpoint, "llm", store, opts, handler_file=REPO / "bench" / "baseline_handler.py")
 
 
+@contextmanager
+def serving(store: Path, work: Path, compiled: bool) -> Iterator:
+    """TorchServe serving store's llm.mar; with `compiled`, once it runs its compiled steps (ours is
+    ready at once and compiles aside when its compile cache is empty)."""
+    ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", work, Ports.free())
+    try:
+        ts.wait_ready("llm", timeout=1800)
+        if compiled:
+            ts.wait_compiled("llm", time.monotonic() + 1800)
+        yield ts
+    finally:
+        ts.stop()
+
+
 def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
     store = tmp / system / "model_store"
     (build_ours if system == "ours" else build_baseline)(checkpoint, store, args)
-    ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", tmp / system / "work", Ports.free())
     runs = []
-    try:
-        ts.wait_ready("llm", timeout=1800)
-        if system == "ours":  # ready at once; measured once compiled (aside, with an empty cache)
-            ts.wait_compiled("llm", time.monotonic() + 1800)
+    with serving(store, tmp / system / "work", compiled=system == "ours") as ts:
         url = f"{ts.inference_url}/predictions/llm"
         bodies = lambda n: [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": args.output_tokens,
                              **({"ignore_eos": True} if system == "ours" else {})} for i in range(n)]
@@ -105,8 +126,32 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
             runs.append(summary)
             print(f"{system} c={conc} json_schema: {summary['output_tokens_per_s']:.1f} tok/s, errors {summary['errors']}",
                   flush=True)
-    finally:
-        ts.stop()
+    return runs
+
+
+def prefix_runs(checkpoint: Path, args, tmp: Path) -> list[dict]:
+    """ours with prompts sharing a system prompt of --prefix-tokens tokens (the fixed text of
+    bench/data/quality.txt, repeated to length) and a question each, prefix caching off, then on.
+    The warm-up prompt shares nothing: the first requests compute the system prompt's KV."""
+    from handler.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(checkpoint)
+    text = (REPO / "bench" / "data" / "quality.txt").read_text()
+    system = tok.decode(tok.encode(text * (1 + 2 * args.prefix_tokens // len(tok.encode(text))))[: args.prefix_tokens])
+    bodies = [{"prompt": f"{system}\n\nQuestion: {PROMPTS[i % len(PROMPTS)]}\nAnswer:", "max_new_tokens": args.output_tokens,
+               "ignore_eos": True} for i in range(args.prefix_requests)]
+    runs = []
+    for caching in (False, True):
+        store = tmp / f"prefix-{caching}" / "model_store"
+        build_ours(checkpoint, store, args, max_seq_len=args.prefix_tokens + 256, prefix_caching=caching)
+        with serving(store, tmp / f"prefix-{caching}" / "work", compiled=True) as ts:
+            url = f"{ts.inference_url}/predictions/llm"
+            run_load(url, ts.headers(), [{"prompt": PROMPTS[0], "max_new_tokens": 4}], 1, stream=True)  # warm-up
+            summary = {"system": "ours", "concurrency": args.prefix_clients, "variant": f"prefix_cache_{'on' if caching else 'off'}",
+                       **summarize(run_load(url, ts.headers(), bodies, args.prefix_clients, stream=True))}
+        runs.append(summary)
+        print(f"ours c={args.prefix_clients} {summary['variant']}: {summary['output_tokens_per_s']:.1f} tok/s, "
+              f"p50 TTFT {summary['ttft_p50_s']:.2f} s, errors {summary['errors']}", flush=True)
     return runs
 
 
@@ -116,6 +161,8 @@ def main() -> None:
     checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
     with tempfile.TemporaryDirectory() as tmp:
         runs = [r for system in args.systems for r in sweep(system, checkpoint, args, Path(tmp))]
+        if args.prefix_clients and "ours" in args.systems:
+            runs += prefix_runs(checkpoint, args, Path(tmp))
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "prompt_tokens": mean_prompt_tokens(checkpoint),
               "versions": versions(), "batch_size": args.batch_size, "baseline_dtype": args.baseline_dtype, "runs": runs}
     by = {(r["system"], r["concurrency"]): r for r in runs if "variant" not in r}
@@ -123,6 +170,12 @@ def main() -> None:
     if schema_run is not None:
         result["json_schema_throughput_ratio"] = (schema_run["output_tokens_per_s"]
                                                   / by["ours", schema_run["concurrency"]]["output_tokens_per_s"])
+    variants = {r["variant"]: r for r in runs if "variant" in r}
+    if "prefix_cache_on" in variants:
+        on, off = variants["prefix_cache_on"], variants["prefix_cache_off"]
+        result["prefix_cache_system_tokens"] = args.prefix_tokens
+        result["prefix_cache_ttft_ratio"] = on["ttft_p50_s"] / off["ttft_p50_s"]
+        result["prefix_cache_throughput_ratio"] = on["output_tokens_per_s"] / off["output_tokens_per_s"]
     if ("ours", 16) in by and ("baseline", 16) in by:
         result["throughput_ratio_vs_baseline_c16"] = by["ours", 16]["output_tokens_per_s"] / by["baseline", 16]["output_tokens_per_s"]
         result["p99_ttft_ratio_vs_baseline_c16"] = by["ours", 16]["ttft_p99_s"] / by["baseline", 16]["ttft_p99_s"]
@@ -181,6 +234,12 @@ def markdown(r: dict, argv: str) -> str:
                   f"close within {r['output_tokens']} tokens (so they run as long as the free ones), decoded under "
                   f"llguidance's per-token mask: `json_schema_throughput_ratio` = **{r['json_schema_throughput_ratio']:.2f}** "
                   "the free requests' output tok/s at the same concurrency (target >= 0.8).")
+    if "prefix_cache_ttft_ratio" in r:
+        ratio += (f"\n\n*ours (prefix_cache_off / _on)*: prompts of a {r['prefix_cache_system_tokens']}-token shared system "
+                  "prompt and a question each, served with `prefix_caching: false`, then `true` (the default): "
+                  f"`prefix_cache_ttft_ratio` = **{r['prefix_cache_ttft_ratio']:.3f}** (p50 TTFT, on / off; target <= 0.3), "
+                  f"`prefix_cache_throughput_ratio` = **{r['prefix_cache_throughput_ratio']:.2f}** (output tok/s, on / off; "
+                  "target >= 1.5).")
     return f"""## Serving (TorchServe, concurrency sweep)
 
 Command: `.venv/bin/python bench/serve.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
