@@ -11,9 +11,17 @@ from typing import Callable, Sequence
 from handler.engine.sampling import TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int  # all choices' together
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+    def body(self) -> dict:
+        """OpenAI's usage object (the native API's too)."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def error_body(message: str, status: int) -> str:
@@ -51,9 +59,8 @@ class Formatter:
             return "application/json"
         return "application/x-ndjson" if self.api == "native" else "text/event-stream"
 
-    def whole(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> str:
-        """completion_tokens: all choices' together (OpenAI's usage)."""
-        u = usage(prompt_tokens, completion_tokens)
+    def whole(self, choices: list[Choice], usage: Usage) -> str:
+        u = usage.body()
         if self.api == "native":
             [c] = choices
             return json.dumps({"id": self.id, "text": c.text, "finish_reason": c.finish_reason, "usage": u})
@@ -65,7 +72,7 @@ class Formatter:
                 "logprobs": self._logprobs(c.logprobs)} for i, c in enumerate(choices)]
         return json.dumps(self._envelope("chat.completion", out) | {"usage": u})
 
-    def chunk(self, delta: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int,
+    def chunk(self, delta: str, finish_reason: str | None, usage: Usage,
               logprobs: Sequence[TokenLogprob] | None = None, index: int = 0, last: bool | None = None) -> str:
         """One streamed piece of choice `index`: NDJSON line (native) or server-sent events
         (OpenAI); logprobs: the tokens' since the previous piece, when the request asked for them.
@@ -74,7 +81,7 @@ class Formatter:
         if self.api == "native":
             piece = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
-                piece["usage"] = usage(prompt_tokens, completion_tokens)
+                piece["usage"] = usage.body()
             return json.dumps(piece) + "\n"
         if self.api == "completions":
             choice = {"index": index, "text": delta, "finish_reason": finish_reason,
@@ -91,7 +98,7 @@ class Formatter:
         if last:
             if self.include_usage:
                 kind = "text_completion" if self.api == "completions" else "chat.completion.chunk"
-                out += f"data: {json.dumps(self._envelope(kind, []) | {'usage': usage(prompt_tokens, completion_tokens)})}\n\n"
+                out += f"data: {json.dumps(self._envelope(kind, []) | {'usage': usage.body()})}\n\n"
             out += "data: [DONE]\n\n"
         return out
 

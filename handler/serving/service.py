@@ -23,7 +23,7 @@ from typing import Callable
 from handler.engine.engine import Engine, EngineFull, StepOutput
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
-from handler.serving.formats import Choice, Formatter, error_body, model_list_body
+from handler.serving.formats import Choice, Formatter, Usage, error_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
 
@@ -67,6 +67,7 @@ class Live:
     samples: list[Sample]
     started: bool = False  # in the engine; a request waits here while fewer slots are free than it has samples
     first_token_at: float | None = None
+    cached_tokens: int = 0  # of its prompt's, from the prefix cache (known at its first token)
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
@@ -77,8 +78,8 @@ class Live:
         return self.finish_reason == "cut"
 
     @property
-    def usage(self) -> tuple[int, int]:
-        return len(self.req.prompt_ids), sum(s.completion_tokens for s in self.samples)
+    def usage(self) -> Usage:
+        return Usage(len(self.req.prompt_ids), sum(s.completion_tokens for s in self.samples), self.cached_tokens)
 
 
 class BaseService:
@@ -180,6 +181,7 @@ class BaseService:
         if live.first_token_at is None:
             live.first_token_at = now
             self.metrics.observe("ts_llm_time_to_first_token_seconds", now - live.arrived)
+            live.cached_tokens = out.cached_tokens
             self.metrics.observe("ts_llm_prefix_cache_hit_tokens_total", out.cached_tokens)
         sample = live.samples[out.index]
         sample.text.append(out.text)
@@ -191,7 +193,7 @@ class BaseService:
                 live.finish_reason = live.samples[0].finish_reason
                 self._finished_metrics(live, now)
         if live.req.stream and (out.text or out.finished):
-            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, *live.usage, logprobs=self._unsent_logprobs(live, sample),
+            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, live.usage, logprobs=self._unsent_logprobs(live, sample),
                                                index=out.index, last=live.finish_reason is not None))
 
     def _finished_metrics(self, live: Live, now: float) -> None:
@@ -213,7 +215,7 @@ class BaseService:
             return "".join(live.pending)
         asked = live.req.params.logprobs is not None
         choices = [Choice("".join(s.text), s.finish_reason, s.logprobs if asked else None) for s in live.samples]
-        return live.fmt.whole(choices, *live.usage)
+        return live.fmt.whole(choices, live.usage)
 
 
 class ContinuousService(BaseService):

@@ -226,4 +226,5 @@ def test_a_repeated_prompt_is_counted_as_prefix_cache_hits(engine):
     again = drive(service, [Incoming("b", req(prompt), True)])["b"]
     assert json.loads(again[-1].body)["text"] == json.loads(first[-1].body)["text"]
     prompt_tokens = sink.of("ts_llm_prompt_tokens_total")
+    assert json.loads(again[-1].body)["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens[1] - 1}
     assert sink.of("ts_llm_prefix_cache_hit_tokens_total") == [0, prompt_tokens[1] - 1], "all but the last token"

@@ -166,7 +166,8 @@ def test_dynamic_mode_returns_each_final_reply():
     finals = dynamic().handle([Incoming("s", req("a", n=3, stream=True), True), Incoming("w", req("h", n=3), True)],
                               lambda partial: None)
     assert ndjson([finals[0]])[-1] == {"text": "d", "finish_reason": "length",
-                                       "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
+                                       "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4,
+                                                 "prompt_tokens_details": {"cached_tokens": 0}}}
     assert finals[0].more is False, "a stream opened by partial replies is ended"
     assert json.loads(finals[1].body)["text"] == "ijk" and finals[1].more is None
 
