@@ -243,12 +243,16 @@ class Engine:
         else:
             source, n = None, 0
         if source is not None and source != seq.slot and n > 0:
-            self._copy_prefix(source, seq.slot, n)
-            self._cache.truncate(seq.slot, 0)
-            self._cache.extend(seq.slot, seq.prompt_ids[:n])
-            self._cache.touch(source)
+            self._copy(source, seq.slot, seq.prompt_ids[:n])
         self._cache.truncate(seq.slot, n)
         seq.prefilled = seq.cached_tokens = n
+
+    def _copy(self, source: int, slot: int, tokens: list[int]) -> None:
+        """The KV of `tokens`, the first positions of slot `source`, into `slot`."""
+        self._copy_prefix(source, slot, len(tokens))
+        self._cache.truncate(slot, 0)
+        self._cache.extend(slot, tokens)
+        self._cache.touch(source)
 
     def _run_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> Tensor:
         width = prefill_width(max(n for _, _, n in chunks), min(self.prefill_chunk, self.max_seq_len))
@@ -272,9 +276,7 @@ class Engine:
                 continue
             for f in [s] + [f for f in self._waiting if f.leader is s]:
                 if f is not s:
-                    self._copy_prefix(s.slot, f.slot, len(s.prompt_ids))
-                    self._cache.truncate(f.slot, 0)
-                    self._cache.extend(f.slot, f.prompt_ids)
+                    self._copy(s.slot, f.slot, f.prompt_ids)
                     f.prefilled, f.started, f.cached_tokens = len(f.prompt_ids), True, s.cached_tokens
                 ready.append(f)
                 rows.append(row)
