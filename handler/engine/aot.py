@@ -228,24 +228,13 @@ def save_artifacts(steps: AotSteps, out_dir: Path, build_dir: Path | None) -> li
     return sorted(p for p in out_dir.rglob("*") if p.is_file())
 
 
-# Inductor settings while loading: they change no kernel's cache key or code, only skip work a
-# load with prebuilt kernels does not need.
-LOAD_CONFIG = {
-    # Probing each vector ISA with a test compile and a dlopen in a subprocess (~6 s on 2 cores
-    # in a fresh container). The artifact's key holds this CPU's feature flags, so the machine
-    # that built it, and passed those probes, had exactly these.
-    "cpp.vec_isa_ok": True,
-}
-
-
 def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
     """Load verified artifacts (the caller checked them against their manifest) onto `model`."""
     index = read_index(art_dir)
     installed = cpp_cache.install(art_dir, index["cpp"])
     before = cpp_cache.compiled_libraries()
-    with torch._inductor.config.patch(LOAD_CONFIG):
-        steps = {name: CompiledStep(model, name, [load_graph(art_dir / e["file"]) for e in index["steps"][name]])
-                 for name in STEPS}
+    steps = {name: CompiledStep(model, name, [load_graph(art_dir / e["file"]) for e in index["steps"][name]])
+             for name in STEPS}
     built = len(cpp_cache.compiled_libraries() - before)
     if built:
         # Inductor's kernel key includes the compiler command line (include paths of this Python

@@ -4,8 +4,11 @@
       platform.resolve    `auto` dtype and packing become what measured fastest on this CPU,
                           `auto` quantization the checkpoint's own (its GGUF, else none)
       open_checkpoint     the checkpoint's config, tokenizer and safetensors files, checked
-      prepare_model       weights in the resolved dtype, quantized and packed as chosen, KV cache
       artifact_request    the cache key of this worker's compiled artifact, and where to look
+                          (handler.engine.artifact_lookup, as look_up_aside)
+      look_up_aside       (warm_start: background) the verified artifact, or the compile process
+                          started at once when there is none: its start overlaps prepare_model
+      prepare_model       weights in the resolved dtype, quantized and packed as chosen, KV cache
       build_steps         compiled prefill and decode: an artifact loaded, or compiled here
       Engine              slots and scheduling over those steps
 
@@ -25,9 +28,7 @@ so a recompile is an error, not a silent minute-long stall.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,9 +38,11 @@ import torch
 
 from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, config, cpp_cache, parallel_compile, platform
-from handler.engine.artifacts import ArtifactPlaces, Verdict
-from handler.engine.checkpoint import Checkpoint, open_checkpoint
+from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform
+from handler.engine.artifact_lookup import (ArtifactRequest, AsideLookup, OnRejected, artifact_request, find_verified,
+                                            look_up_aside, wait_for_compile)
+from handler.engine.artifacts import ArtifactPlaces
+from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError, failure_reason
 from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
@@ -53,7 +56,7 @@ log = logging.getLogger(__name__)
 
 OnFallback = Callable[[str], None]  # serving eager after a failure (on_compile_error=eager); gets the reason
 OnCompiled = Callable[[float], None]  # a background load finished in this many seconds; its steps serve from now on
-OnRejected = Callable[[], None]  # counts an artifact not loaded: it failed verification or has another key
+
 
 
 @dataclass
@@ -79,13 +82,6 @@ class Steps:
         return {"eager": "eager", "aot-background": "loading", "aot-compiling": "compiling"}.get(self.mode, "compiled")
 
 
-@dataclass(frozen=True)
-class ArtifactRequest:
-    key: CacheKey
-    places: ArtifactPlaces
-    on_rejected: OnRejected | None = None
-
-
 @dataclass
 class LoadedEngine:
     engine: Engine
@@ -107,8 +103,15 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
-    model = prepare_model(ckpt, cfg)
-    steps = build_steps(model, cfg, on_fallback, artifact_request(ckpt, cfg, places, on_rejected), on_compiled)
+    wanted = artifact_request(ckpt, cfg, places, on_rejected)
+    aside = look_up_aside(cfg, wanted)
+    try:
+        model = prepare_model(ckpt, cfg)
+    except BaseException:
+        if aside is not None and aside.compiling is not None:
+            aside.compiling.kill()  # nobody would load what it compiles
+        raise
+    steps = build_steps(model, cfg, on_fallback, wanted, on_compiled, aside)
     tokenizer = Tokenizer.from_dir(ckpt.path)
     grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
@@ -117,31 +120,17 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     return LoadedEngine(engine, model, steps, path)
 
 
-def artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces | None,
-                     on_rejected: OnRejected | None) -> ArtifactRequest | None:
-    """What build_steps looks for; None when there is no place, or this configuration cannot
-    use artifacts (said once when there might have been one to use)."""
-    if places is None:
-        return None
-    unsupported = aot.unsupported_reason(cfg)
-    if unsupported is not None:
-        if cfg.compile != "eager" and places.search():
-            log.warning("compile artifacts are not used: %s; compiling at start", unsupported)
-        return None
-    artifacts.check_layout(places)
-    key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
-    return ArtifactRequest(key, places, on_rejected)
-
-
 def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: OnFallback | None = None,
-                artifacts_wanted: ArtifactRequest | None = None, on_compiled: OnCompiled | None = None) -> Steps:
+                artifacts_wanted: ArtifactRequest | None = None, on_compiled: OnCompiled | None = None,
+                aside: AsideLookup | None = None) -> Steps:
     """The model's steps as configured: eager, or compiled (see the module docstring). A failure
-    raises CompileError, or serves eager with on_compile_error=eager."""
+    raises CompileError, or serves eager with on_compile_error=eager. `aside`: look_up_aside's
+    answer when build_engine looked up early (else the lookup happens here)."""
     if cfg.compile == "eager":
         log.info("compile=eager: serving the uncompiled model, as configured")
         return Steps(model.prefill, model.decode, "eager", 0.0)
     try:
-        return _compiled_steps(model, cfg, artifacts_wanted, on_fallback, on_compiled)
+        return _compiled_steps(model, cfg, artifacts_wanted, on_fallback, on_compiled, aside)
     except Exception as err:  # Dynamo/Inductor raise many types; all mean "no compiled model"
         return _eager_after_failure(model, cfg, err, on_fallback)
 
@@ -162,45 +151,30 @@ def _eager_after_failure(model: Transformer, cfg: EngineConfig, err: Exception, 
 # ---- which compiled steps ---------------------------------------------------------------------
 
 def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None,
-                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
+                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None, aside: AsideLookup | None) -> Steps:
     """torch.compile where AOT cannot serve; else a verified artifact (in the background or
     before returning); else an AOT compile, installed when there is a cache dir."""
     if aot.unsupported_reason(cfg) is not None:
         return _torch_compiled(model, cfg)
     if wanted is None:
         return _aot_cold(model, cfg, None)
+    aside = aside if aside is not None else look_up_aside(cfg, wanted)
+    if aside is not None:
+        if aside.error is not None:
+            raise aside.error
+        if aside.compiling is not None:
+            return _compile_aside(model, cfg, wanted, aside.compiling, on_fallback, on_compiled)
+        return _load_in_background(model, cfg, wanted, aside.found, on_fallback, on_compiled)
     with artifacts.holding(wanted.places):
-        path = _find_verified(wanted)
-        if path is None and not _compiles_aside(cfg, wanted):
+        path = find_verified(wanted)
+        if path is None:
             return _aot_cold(model, cfg, wanted)
-        if path is not None and cfg.warm_start == "blocking":
+        if cfg.warm_start == "blocking":
             start = time.perf_counter()
             loaded = aot.load_artifacts(model, path)
             return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
-    # The install lock is let go: the compile process takes it, a background load takes it again.
-    if path is None:
-        return _compile_aside(model, cfg, wanted, on_fallback, on_compiled)
+    # Background, with nowhere to install (so no lookup aside): the lock is taken again to load.
     return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
-
-
-def _find_verified(wanted: ArtifactRequest) -> Path | None:
-    """The first verified artifact for the key; None (logged once) when there is none."""
-    checked = []
-    for path in wanted.places.search():
-        found = artifacts.check_dir(path, wanted.key)
-        artifacts.log_check(found, wanted.key, wanted.on_rejected)
-        if found.verdict == Verdict.VERIFIED:
-            return path
-        checked.append(f"{path}: {found.verdict}")
-    log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",
-                wanted.key.digest(), "; ".join(checked) or "no place to look")
-    return None
-
-
-def _compiles_aside(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
-    """A cold compile runs in a process of its own while eager steps serve when it has a cache
-    dir to install into and the configuration serves before compiled steps are in."""
-    return cfg.warm_start == "background" and wanted.places.cache_dir is not None
 
 
 def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, path: Path,
@@ -223,17 +197,16 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
                  artifact_dir=path, background=background)
 
 
-def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest,
+def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, process: subprocess.Popen,
                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
-    """Eager steps now; the compiled ones once handler.engine.compile_process has installed the
-    artifact and a background load has loaded it (on_compiled gets the seconds from now)."""
-    process = start_compile_process(cfg, wanted.key, wanted.places.cache_dir)
+    """Eager steps now; the compiled ones once `process` (handler.engine.compile_process) has
+    installed the artifact and a background load has loaded it (on_compiled gets the seconds from now)."""
 
     def load() -> aot.AotSteps:
         wait_for_compile(process)
         log.info("compile cache: the compile process (pid %d) finished; loading what it installed", process.pid)
         with artifacts.holding(wanted.places):
-            path = _find_verified(wanted)
+            path = find_verified(wanted)
             if path is None:
                 raise aot.AotError(f"the compile process exited 0 but {wanted.places.cache_dir} holds no verified artifact")
             return aot.load_artifacts(model, path)
@@ -244,25 +217,6 @@ def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactReques
                 wanted.key.digest(), process.pid)
     return Steps(background.step("prefill"), background.step("decode"), "aot-compiling", 0.0,
                  artifact_dir=wanted.places.cache_dir, background=background)
-
-
-def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subprocess.Popen:
-    """handler.engine.compile_process for `cfg`; its output goes where this process's goes
-    (TorchServe's worker log). Named by module: importing it here would make a cycle."""
-    # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
-    # needs is kept by the process's lower priority (each compile process runs one thread of
-    # Python and g++; handler.engine.parallel_compile adds a second beside it on two cores).
-    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config.to_json(cfg), "--key", key.digest(),
-           "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
-    return subprocess.Popen(cmd)
-
-
-def wait_for_compile(process: subprocess.Popen) -> None:
-    """Until the compile process exits; a CompileError unless it succeeded."""
-    code = process.wait()
-    if code != 0:
-        raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
-                           "the worker log above, as 'compile process:'")
 
 
 def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:

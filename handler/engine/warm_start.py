@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 LOADING_SWITCH_INTERVAL = 0.0005  # seconds, while a background load runs
 SWITCHED = "serving compiled from this step"  # logged once, at the switch: launchers and benchmarks wait for it
+LOADED = "compiled steps are loaded"  # logged by the load: the next step switches (benchmarks drive one at once)
 
 
 class BackgroundLoad:
@@ -69,6 +70,8 @@ class BackgroundLoad:
             sys.setswitchinterval(interval)
         self._seconds = time.perf_counter() - start
         self.done.set()
+        if self._error is None:
+            log.info("%s; the next step switches to them", LOADED)
 
     @property
     def compiled(self) -> bool:

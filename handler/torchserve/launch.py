@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
-from handler.engine.warm_start import SWITCHED
+from handler.engine.warm_start import LOADED, SWITCHED
 from handler.torchserve.client import KeyFile, TorchServeClient
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.stop import stop_with_cli, terminate_tree
@@ -150,14 +150,17 @@ class TorchServe:
         """Block until `model`'s worker serves compiled steps (time.monotonic() `deadline`). A
         worker that loads or compiles them aside serves eager steps and switches at a step, so
         steps are driven with a 1-token request every `interval` seconds meanwhile, as traffic
-        would (more often would take the CPU a compile aside needs)."""
+        would (more often would take the CPU a compile aside needs), and at once when the
+        worker says they are loaded: then any request would be served compiled."""
         while SWITCHED not in self.model_log():
             if time.monotonic() > deadline:
                 raise TorchServeError(f"model {model!r}: the worker never switched to compiled steps; see {self.workdir / MODEL_LOG}")
             self.wait_ready(model, timeout=60)  # it must stay up meanwhile
             requests.post(f"{self.inference_url}/predictions/{model}", json={"prompt": prompt, "max_new_tokens": 1},
                           headers=self.headers(), timeout=600).raise_for_status()
-            time.sleep(interval)
+            until = time.monotonic() + interval
+            while time.monotonic() < until and LOADED not in self.model_log():
+                time.sleep(0.25)
 
     def model_log(self) -> str:
         """What the workers logged since this TorchServe started (a restart appends to the file)."""

@@ -25,7 +25,8 @@ from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError
 from handler.engine.config import EngineConfig
-from handler.engine.factory import ArtifactRequest, build_engine, build_steps
+from handler.engine.artifact_lookup import ArtifactRequest
+from handler.engine.factory import build_engine, build_steps
 from handler.engine.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_errors import CompileError
 from handler.engine.compile_process import compile_into
 from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine, wait_for_compile
+from handler.engine.artifact_lookup import wait_for_compile
+from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams
 
 PROMPTS = ["The capital of France is", "Hi"]

@@ -1,18 +1,20 @@
-"""Engine assembly choices that need no compiling: eager steps, compile failures, artifact requests.
+"""Engine assembly choices that need no compiling: eager steps, compile failures, the early lookup's process.
 
 The compiled routes themselves (AOT compile, load, background load) are in test_aot.py.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from handler.engine import aot
+from handler.engine import aot, artifact_lookup, factory
 from handler.engine.artifacts import ArtifactPlaces
 from handler.engine.compile_errors import CompileError
 from handler.engine.config import EngineConfig
-from handler.engine.factory import artifact_request, build_steps
+from handler.engine.factory import build_engine, build_steps
 from tests.support.tiny_model import tiny_transformer
 
 NO_CHECKPOINT = Path("never-read")
@@ -53,11 +55,19 @@ def test_a_failed_compile_serves_eager_when_allowed_and_reports_the_reason(model
     assert reasons == ["RuntimeError: inductor broke"]
 
 
-def test_no_artifact_places_means_no_artifact_request():
-    assert artifact_request(None, config(), None, None) is None
+def test_a_compile_process_started_early_is_stopped_when_the_model_fails_to_load(tiny_checkpoint, tmp_path, monkeypatch):
+    started = []
 
+    def start(cfg, key, dest):
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return started[-1]
 
-def test_a_configuration_aot_cannot_serve_requests_no_artifact(caplog):
-    places = ArtifactPlaces(cache_dir=Path("aot"))
-    assert artifact_request(None, config(freezing=True), places, None) is None
-    assert "compile artifacts are not used: freezing: true" in caplog.text
+    def broken(ckpt, cfg):
+        raise OSError("weights unreadable")
+
+    monkeypatch.setattr(artifact_lookup, "start_compile_process", start)
+    monkeypatch.setattr(factory, "prepare_model", broken)
+    cfg = EngineConfig(tiny_checkpoint, dtype="float32", max_batch_size=2, max_seq_len=32, warm_start="background")
+    with pytest.raises(OSError, match="weights unreadable"):
+        build_engine(cfg, places=ArtifactPlaces(cache_dir=tmp_path / "aot"))
+    assert len(started) == 1 and started[0].wait(10) != 0

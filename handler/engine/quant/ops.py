@@ -52,4 +52,5 @@ def quantized_linear(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) 
     here, where a compiled graph fuses the casts into the neighbouring kernels."""
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         kernel.load()  # (cached) eager calls; tracing loads it in the fake, model loading in apply
+    bias = None if bias is None else bias.float()  # the CPU kernel adds a float32 bias
     return torch.ops.ts_llm.quantized_linear(x.float(), w.q, w.d, w.m, bias).to(x.dtype)

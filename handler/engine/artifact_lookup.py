@@ -1,0 +1,119 @@
+"""Which compiled artifact a worker wants, where it looks, and the cold compile started aside.
+
+    artifact_request    the cache key of this worker's artifact (config, torch, CPU, weights)
+                        and the places to look: none when this configuration cannot use one
+    find_verified       the first verified artifact for the key in those places
+    look_up_aside       warm_start: background with a cache dir to install into: the verified
+                        artifact, or handler.engine.compile_process started at once when there
+                        is none, before the worker prepares its model (handler.engine.factory),
+                        so that the two starts overlap (~6 s of a cold start's compiled speed)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from handler.cache.key import CacheKey
+from handler.engine import aot, artifacts, config
+from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine.checkpoint import Checkpoint
+from handler.engine.compile_errors import CompileError
+from handler.engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+OnRejected = Callable[[], None]  # counts an artifact not loaded: it failed verification or has another key
+
+
+@dataclass(frozen=True)
+class ArtifactRequest:
+    key: CacheKey
+    places: ArtifactPlaces
+    on_rejected: OnRejected | None = None
+
+
+@dataclass(frozen=True)
+class AsideLookup:
+    """The background path's artifact lookup (warm_start: background, with a cache dir to install
+    into), made before the model is prepared: with no verified artifact the compile process
+    starts at once, and its own start (imports, its model: ~6 s) overlaps this worker's."""
+    found: Path | None = None  # the verified artifact, to load in the background
+    compiling: subprocess.Popen | None = None  # else the compile process, started
+    error: Exception | None = None  # the lookup failed: raised in build_steps, whose boundary handles it
+
+
+def artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces | None,
+                     on_rejected: OnRejected | None) -> ArtifactRequest | None:
+    """What build_steps looks for; None when there is no place, or this configuration cannot
+    use artifacts (said once when there might have been one to use)."""
+    if places is None:
+        return None
+    unsupported = aot.unsupported_reason(cfg)
+    if unsupported is not None:
+        if cfg.compile != "eager" and places.search():
+            log.warning("compile artifacts are not used: %s; compiling at start", unsupported)
+        return None
+    artifacts.check_layout(places)
+    key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
+    return ArtifactRequest(key, places, on_rejected)
+
+
+def look_up_aside(cfg: EngineConfig, wanted: ArtifactRequest | None) -> AsideLookup | None:
+    """The lookup of the background path (None on the others); a failure is kept, not raised."""
+    if wanted is None or not compiles_aside(cfg, wanted):
+        return None
+    try:
+        with artifacts.holding(wanted.places):
+            found = find_verified(wanted)
+            if found is not None:
+                return AsideLookup(found=found)
+            # The install lock is let go: the compile process takes it, the background load again.
+            return AsideLookup(compiling=start_compile_process(cfg, wanted.key, wanted.places.cache_dir))
+    except Exception as err:  # locks, files, the process's start: compile failures like any other
+        return AsideLookup(error=err)
+
+
+def find_verified(wanted: ArtifactRequest) -> Path | None:
+    """The first verified artifact for the key; None (logged once) when there is none."""
+    checked = []
+    for path in wanted.places.search():
+        found = artifacts.check_dir(path, wanted.key)
+        artifacts.log_check(found, wanted.key, wanted.on_rejected)
+        if found.verdict == Verdict.VERIFIED:
+            return path
+        checked.append(f"{path}: {found.verdict}")
+    log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",
+                wanted.key.digest(), "; ".join(checked) or "no place to look")
+    return None
+
+
+def compiles_aside(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
+    """A cold compile runs in a process of its own while eager steps serve when it has a cache
+    dir to install into and the configuration serves before compiled steps are in."""
+    return cfg.warm_start == "background" and wanted.places.cache_dir is not None
+
+
+def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subprocess.Popen:
+    """handler.engine.compile_process for `cfg`; its output goes where this process's goes
+    (TorchServe's worker log). Named by module: importing it here would make a cycle."""
+    # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
+    # needs is kept by the process's lower priority (each compile process runs one thread of
+    # Python and g++; handler.engine.parallel_compile adds a second beside it on two cores).
+    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config.to_json(cfg), "--key", key.digest(),
+           "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
+    return subprocess.Popen(cmd)
+
+
+def wait_for_compile(process: subprocess.Popen) -> None:
+    """Until the compile process exits; a CompileError unless it succeeded."""
+    code = process.wait()
+    if code != 0:
+        raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
+                           "the worker log above, as 'compile process:'")
