@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Exit without tearing the interpreter down: after a compile that takes ~1.5 s (torch's
-    modules and Inductor's caches), and the worker waits for this exit to load the artifact.
+    """Exit without tearing the interpreter down: after a compile, tearing down torch's modules
+    and Inductor's caches took ~1.5 s, and the worker waits for this exit to load the artifact.
     Nothing is left to do by then: the artifact is installed, its lock released, logs flushed."""
     logging.shutdown()
     sys.stdout.flush()

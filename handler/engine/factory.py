@@ -58,7 +58,6 @@ OnFallback = Callable[[str], None]  # serving eager after a failure (on_compile_
 OnCompiled = Callable[[float], None]  # a background load finished in this many seconds; its steps serve from now on
 
 
-
 @dataclass
 class Steps:
     prefill: Callable
