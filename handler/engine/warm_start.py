@@ -69,9 +69,9 @@ class BackgroundLoad:
         finally:
             sys.setswitchinterval(interval)
         self._seconds = time.perf_counter() - start
-        self.done.set()
-        if self._error is None:
+        if self._error is None:  # said before done is set: whoever waits on done finds it logged
             log.info("%s; the next step switches to them", LOADED)
+        self.done.set()
 
     @property
     def compiled(self) -> bool:

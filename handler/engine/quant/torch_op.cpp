@@ -43,7 +43,7 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
     STD_TORCH_CHECK(x.dim() > 0, "quantized_linear: x must have a feature dimension");
     const int64_t K = x.size(-1);
     const int bits = q.scalar_type() == ScalarType::Char ? 8 : 4;
-    STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "quantized_linear: x must be float32");
+    STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "quantized_linear: x must be float32, got ", x.scalar_type());
     STD_TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && (bits == 8 || q.scalar_type() == ScalarType::Byte)
                         && q.size(2) == 32 * bits && q.size(1) * 32 == K,
                     "quantized_linear: q ", shape_of(q), " is not a packed weight (QuantizedWeight.pack()) for x ",

@@ -126,7 +126,7 @@ def test_a_row_gets_the_same_result_in_any_batch(bits):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda x, q, d, m: (x.double(), q, d, m), "x must be float32"),
+    (lambda x, q, d, m: (x.double(), q, d, m), "x must be float32, got Double"),
     (lambda x, q, d, m: (x, q[:, :1].contiguous(), d, m), "is not a packed weight"),
     (lambda x, q, d, m: (x, q.view(8, -1), d, m), "is not a packed weight"),
     (lambda x, q, d, m: (x, q, d.float(), m), "d must be contiguous float16"),
@@ -138,3 +138,15 @@ def test_bad_tensors_are_refused_before_the_kernel_reads_them(change, message):
     x, q, d, m = change(torch.randn(1, 64), w.q, w.d, w.m)
     with pytest.raises(RuntimeError, match=re.escape(message)):
         torch.ops.ts_llm.quantized_linear(x, q, d, m)
+
+
+@pytest.mark.parametrize("x,bias,message", [
+    (torch.randn(()), None, "x must have a feature dimension"),
+    (torch.randn(1, 64), torch.zeros(8, dtype=torch.bfloat16), "bias must be contiguous float32 [N]"),
+    (torch.randn(1, 64), torch.zeros(7), "bias must be contiguous float32 [N]"),
+])
+def test_bad_inputs_and_bias_are_refused(x, bias, message):
+    w = _weights(4, 8, 64, 32)
+    ops.quantized_linear(torch.randn(1, 64), w)  # loads the kernels
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.ops.ts_llm.quantized_linear(x, w.q, w.d, w.m, bias)
