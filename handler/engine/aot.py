@@ -182,6 +182,13 @@ def compile_step(model: Transformer, name: StepName, cfg: EngineConfig,
     return step, examples
 
 
+# The wrapper at -O0 instead of Inductor's -O1: built in ~2 s instead of 7-9 s (a graph's
+# largest g++ call), and the batch-1 decode step measured the same (6.0 ms either way, tenth
+# percentile of 300 steps; the kernels it calls are -O3 alike). Loading must build with the
+# same flags: they are part of the key a built library is found under.
+WRAPPER_BUILD = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+
+
 def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bool = True) -> Any:
     for arg in args:
         if isinstance(arg, Tensor) and unbacked:
@@ -195,10 +202,10 @@ def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bo
     # is C++, not Python: a batch-1 decode step of the default model (AVX2, GGUF) took 11.4 ms
     # with it and 16.6 ms without, for the same compile time (~60 s a graph).
     # cpp_wrapper_build_separate: the wrapper (~4,000 lines of kernel calls for 30 layers) is
-    # compiled at -O1 apart from the kernels (-O3); at -O3 with them it was ~60 s of a ~150 s
-    # batch-1 decode graph (Zen 4), and the step measured no slower (6.2 vs 7.1 ms).
+    # compiled apart from the kernels (-O3); at -O3 with them it was ~60 s of a ~150 s batch-1
+    # decode graph (Zen 4), and the step measured no slower (6.2 vs 7.1 ms).
     options = {"max_autotune": cfg.max_autotune, "size_asserts": False, "cpp_wrapper": True,
-               "cpp_wrapper_build_separate": True}
+               "cpp_wrapper_build_separate": True, **WRAPPER_BUILD}
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
     # Module floats (norm eps) would be traced as symbols: plain torch.compile then restarts and
     # specializes them, aot_compile cannot restart, so they are specialized up front.
@@ -268,5 +275,5 @@ def _inside(rel: str) -> bool:
 
 
 def load_graph(path: Path) -> Any:
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, torch._inductor.config.patch(WRAPPER_BUILD):
         return torch.compiler.load_compiled_function(f)
