@@ -363,16 +363,15 @@ and the ratios move towards 1.
 ### Where the cold replica's minutes go
 
 The compile process starts before the worker prepares its model (their starts overlap), compiles
-decode's two graphs (batch 1, then any batch) while a second process compiles prefill, saves and
-verifies the artifact, and exits; the worker loads it (in all {runs['cold'].get('engine_compile_s', float('nan')):.1f} s from the worker's ready to the
-compiled steps loaded).
-Decode's two graphs are the critical path: ~55-75 s each on 2 cores, Python (Dynamo, AOT autograd,
-Inductor's scheduling over 30 unrolled layers) more than g++, and slower by 10-30% when the prefill
-compile and the worker's eager steps share the cores, so runs of this benchmark vary by ±10 s.
+decode's batch-1 graph while two more processes compile prefill's graph and decode's general graph
+beside it (`handler/engine/parallel_compile.py`), saves and verifies the artifact, and exits; the
+worker loads it (in all {runs['cold'].get('engine_compile_s', float('nan')):.1f} s from the worker's ready to the compiled steps loaded).
+Each graph is ~35-60 s of CPU, Python (Dynamo, AOT autograd, Inductor's scheduling over 30
+unrolled layers) more than g++; three side by side on 2 cores take ~100-115 s, and the worker's
+eager steps share the cores, so runs of this benchmark vary by ±10 s.
 What each graph buys was measured in fresh processes (default model, Zen 4): the batch-1 graph
 decodes one sequence in 6.4-7.5 / 8.3 / 9.5-10.1 ms at windows 192 / 512 / 1024 against the general
-graph's 7.6-7.7 / 8.8-9.0 / 11.6-12.7 ms, 5-20% faster for about 40% of the critical path; it is kept.
-A third process (each graph apart) finished later on 2 cores (143 vs 123 s for the three graphs).
+graph's 7.6-7.7 / 8.8-9.0 / 11.6-12.7 ms, 5-20% faster; it is kept.
 
 ![startup](results/startup.png)
 

@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -137,15 +137,22 @@ def compile_steps(model: Transformer, cfg: EngineConfig) -> AotSteps:
         raise AotError(f"cannot AOT-compile: {reason}")
     examples: dict[str, list[Shape]] = {}
     steps = {}
-    progress = CompileProgress(sum(EXPECTED_GRAPHS.values()))
+    progress = CompileProgress(sum(expected_graphs(name) for name in STEPS))
     for name in STEPS:
         steps[name], examples[name] = compile_step(model, name, cfg, progress)
     return AotSteps(steps["prefill"], steps["decode"], examples)
 
 
-# One general graph per step is expected, plus decode's batch-1 graph (the coverage loop adds
-# any a shape needs; this only sizes the progress lines).
-EXPECTED_GRAPHS: dict[StepName, int] = {"prefill": 1, "decode": 2}
+# A step's graphs: "batch 1" is decode's graph specialized to one sequence (single_shapes),
+# "general" the graphs with an unbacked batch that cover every serving shape.
+GraphKind = Literal["batch 1", "general"]
+KINDS: tuple[GraphKind, ...] = ("batch 1", "general")
+
+
+def expected_graphs(step: StepName, kinds: tuple[GraphKind, ...] = KINDS) -> int:
+    """How many graphs of `kinds` a step usually has: one general graph, and decode's batch-1
+    graph (the coverage loop adds any a shape needs; this only sizes the progress lines)."""
+    return ("general" in kinds) + (step == "decode" and "batch 1" in kinds)
 
 
 def single_shapes(step: StepName, cfg: EngineConfig, sizes: set[int]) -> list[Shape]:
@@ -161,14 +168,16 @@ def single_shapes(step: StepName, cfg: EngineConfig, sizes: set[int]) -> list[Sh
     return [Shape(1, next((n for n in windows if n not in sizes), windows[-1]))]
 
 
-def compile_step(model: Transformer, name: StepName, cfg: EngineConfig,
-                 progress: CompileProgress) -> tuple[CompiledStep, list[Shape]]:
-    """Graphs for `name` until every serving shape has one; returns them with their examples."""
+def compile_step(model: Transformer, name: StepName, cfg: EngineConfig, progress: CompileProgress,
+                 kinds: tuple[GraphKind, ...] = KINDS) -> tuple[CompiledStep, list[Shape]]:
+    """Graphs of `kinds` for `name` (with "general": until every serving shape has one);
+    returns them with their examples."""
     device = torch.device(cfg.device)
     step, examples = CompiledStep(model, name), []
     sizes = model_sizes(model)
-    single = single_shapes(name, cfg, sizes)
-    for shape in single + compile_order(serving_shapes(name, cfg), sizes):
+    single = single_shapes(name, cfg, sizes) if "batch 1" in kinds else []
+    general = compile_order(serving_shapes(name, cfg), sizes) if "general" in kinds else []
+    for shape in single + general:
         args = example_args(name, shape, device)
         if step.match(*args) is not None:
             continue
@@ -180,13 +189,6 @@ def compile_step(model: Transformer, name: StepName, cfg: EngineConfig,
         progress.finished(time.perf_counter() - start)
         log.info("aot: compiled %s graph %d in %.1f s", name, len(examples), progress.seconds[-1])
     return step, examples
-
-
-# The wrapper at -O0 instead of Inductor's -O1: built in ~2 s instead of 7-9 s (a graph's
-# largest g++ call), and the batch-1 decode step measured the same (6.0 ms either way, tenth
-# percentile of 300 steps; the kernels it calls are -O3 alike). Loading must build with the
-# same flags: they are part of the key a built library is found under.
-WRAPPER_BUILD = {"aot_inductor.compile_wrapper_opt_level": "O0"}
 
 
 def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bool = True) -> Any:
@@ -203,9 +205,11 @@ def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bo
     # with it and 16.6 ms without, for the same compile time (~60 s a graph).
     # cpp_wrapper_build_separate: the wrapper (~4,000 lines of kernel calls for 30 layers) is
     # compiled apart from the kernels (-O3); at -O3 with them it was ~60 s of a ~150 s batch-1
-    # decode graph (Zen 4), and the step measured no slower (6.2 vs 7.1 ms).
+    # decode graph (Zen 4), and the step measured no slower (6.2 vs 7.1 ms). At -O0 (Inductor's
+    # default for it is -O1) it builds in ~2 s instead of 7-9 s, but the batch-1 step measured
+    # 5-8% slower (7.14 vs 6.58 ms, the two graphs in one process, interleaved): not worth it.
     options = {"max_autotune": cfg.max_autotune, "size_asserts": False, "cpp_wrapper": True,
-               "cpp_wrapper_build_separate": True, **WRAPPER_BUILD}
+               "cpp_wrapper_build_separate": True}
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
     # Module floats (norm eps) would be traced as symbols: plain torch.compile then restarts and
     # specializes them, aot_compile cannot restart, so they are specialized up front.
@@ -275,5 +279,5 @@ def _inside(rel: str) -> bool:
 
 
 def load_graph(path: Path) -> Any:
-    with open(path, "rb") as f, torch._inductor.config.patch(WRAPPER_BUILD):
+    with open(path, "rb") as f:
         return torch.compiler.load_compiled_function(f)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import compile_and_install
-from handler.engine.parent_watch import watch_parent
+from handler.engine.child_process import exit_now, watch_parent
 from handler.engine.prepare import prepare_model
 
 log = logging.getLogger("handler.engine.compile_process")
@@ -66,16 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     log.info(compile_into(config.from_json(args.config), args.key, args.dest))
     return 0
-
-
-def exit_now(code: int) -> None:
-    """Exit without tearing the interpreter down: after a compile, tearing down torch's modules
-    and Inductor's caches took ~1.5 s, and the worker waits for this exit to load the artifact.
-    Nothing is left to do by then: the artifact is installed, its lock released, logs flushed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -155,8 +155,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def hidden_positions(input_pos: Tensor, kv_len: int) -> Tensor:
-    """[B, 1, 1, S]: which of the first kv_len cached positions sequence b must not see (those
-    after input_pos[b]); computed once a step for every layer's decode_attention."""
+    """[B, 1, 1, S]: the first kv_len cached positions sequence b must not see (after input_pos[b])."""
     return (torch.arange(kv_len, device=input_pos.device)[None, :] > input_pos[:, None])[:, None, None, :]
 
 
@@ -188,11 +187,10 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor) ->
 
 
 class DecodeStep(NamedTuple):
-    """What every layer's decode needs of the step, computed once: rows = arange(B), input_pos:
-    [B], hidden: [B, 1, 1, S] (hidden_positions)."""
+    """What each layer's decode needs of the step, computed once. rows: arange(B); input_pos: [B]."""
     rows: Tensor
     input_pos: Tensor
-    hidden: Tensor
+    hidden: Tensor  # [B, 1, 1, S] (hidden_positions)
 
 
 class RMSNorm(nn.Module):
@@ -218,8 +216,7 @@ class Attention(nn.Module):
         self.kv_cache: KVCache | None = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # Rotary embedding of q and k heads in one call: every op is a graph node (and compile
-        # time) for each of the 30 layers of a compiled step; fused alike either way.
+        # RoPE of q and k heads in one call: each op is compile time in each of the 30 layers.
         a = self.args
         b, t, _ = x.shape
         qkv = self.wqkv(x).view(b, t, a.n_heads + 2 * a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, H+2K, T, D]
@@ -342,8 +339,7 @@ class Transformer(nn.Module):
         """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
         positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
         b = tokens.shape[0]
-        # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
-        # batch, torch could not otherwise tell that each layer's keys keep all b rows.
+        # b fits the cache: with an unbacked batch torch cannot tell that each layer's keys keep b rows.
         torch._check(b <= self.layers[0].attention.kv_cache.k.shape[0])
         cos = self.rope_cos[input_pos][:, None, None, :]  # [B, 1, 1, D]
         sin = self.rope_sin[input_pos][:, None, None, :]

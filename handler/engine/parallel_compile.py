@@ -1,13 +1,15 @@
-"""The prefill graphs compiled in a process of their own while this process compiles decode's.
+"""The cold compile's graphs side by side: prefill's, and decode's general graph, each compiled
+in a process of its own while this process compiles decode's batch-1 graph.
 
 A graph compiles in one thread: Dynamo, AOT autograd and Inductor's scheduler are Python, then
-one g++ call. Measured on the default model (2 cores, Zen 4): prefill 44 s, decode's batch-1
-and general graphs 37 + 48 s, one after the other 129 s. With two or more cores the steps
-compile side by side: a child process (this module's main) builds the same model, compiles
-prefill into this compile's Inductor cache dir, so the kernels it builds are packed with the
-artifact, and saves its graphs; they are loaded here and join decode's in one artifact.
+g++. Measured on the default model (2 cores, Zen 4, each graph ~40-60 s of CPU): decode's
+batch-1 and general graphs one after the other beside prefill in a second process, 110-130 s;
+all three side by side, ~100 s (each is slower sharing the cores, none waits for another). Each
+child builds the same model, compiles its graphs into this compile's Inductor cache dir, so the
+kernels it builds are packed with the artifact, and saves them; they are loaded here and join
+this process's graphs in one artifact.
 
-    python -m handler.engine.parallel_compile --config JSON --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
+    python -m handler.engine.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,13 +32,26 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compile_progress import CompileProgress
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
-from handler.engine.parent_watch import watch_parent
+from handler.engine.child_process import exit_now, watch_parent
 from handler.engine.prepare import prepare_model
 
 log = logging.getLogger(__name__)
 
-ASIDE: shapes.StepName = "prefill"  # the step the child compiles (the shorter one; decode has two graphs)
 SHAPES_FILE = "shapes.json"
+
+
+@dataclass(frozen=True)
+class Part:
+    """Some graphs of one step: what a child process compiles."""
+    step: shapes.StepName
+    kinds: tuple[aot.GraphKind, ...]
+
+    def __str__(self) -> str:
+        return self.step if self.kinds == aot.KINDS else f"{self.step}, {', '.join(self.kinds)}"
+
+
+ASIDE = (Part("prefill", aot.KINDS), Part("decode", ("general",)))  # compiled by children
+HERE = Part("decode", ("batch 1",))  # compiled in this process meanwhile
 
 
 def usable_cores() -> int:
@@ -41,58 +59,73 @@ def usable_cores() -> int:
 
 
 def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str) -> aot.AotSteps:
-    """aot.compile_steps, with prefill compiled in a child process when there is a core for it
-    (CPU only: on CUDA the graphs' compile is not what bounds a cold start here). Call it in a
-    private build dir (cpp_cache.private_build_dirs); `model_cache_dir` is the Inductor cache
-    `model` was prepared in (its quantized kernels are there: the child need not build them)."""
+    """aot.compile_steps, with the ASIDE parts compiled in child processes when there are two
+    cores or more (CPU only: on CUDA the graphs' compile is not what bounds a cold start here).
+    Call it in a private build dir (cpp_cache.private_build_dirs); `model_cache_dir` is the
+    Inductor cache `model` was prepared in (its quantized kernels are there: a child need not
+    build them)."""
     if usable_cores() < 2 or torch.device(cfg.device).type != "cpu":
         return aot.compile_steps(model, cfg)
-    with tempfile.TemporaryDirectory(prefix="ts-llm-prefill-") as out:
-        child = _start(cfg, model_cache_dir, Path(out))
-        try:
-            progress = CompileProgress(aot.EXPECTED_GRAPHS["decode"])
-            decode, decode_shapes = aot.compile_step(model, "decode", cfg, progress)
-            code = child.wait()
-        finally:
-            if child.poll() is None:  # this side failed or was interrupted: the child's work is moot
-                child.kill()
-                child.wait()
-        if code != 0:
-            raise aot.AotError(f"compiling {ASIDE} in a process of its own (pid {child.pid}) failed with exit code "
-                               f"{code}; its error is in the log above, as 'compile process ({ASIDE}):'")
-        prefill, prefill_shapes = _collect(model, Path(out))
-    return aot.AotSteps(prefill, decode, {ASIDE: prefill_shapes, "decode": decode_shapes})
+    with ExitStack() as stack:
+        outs = [Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ts-llm-graphs-"))) for _ in ASIDE]
+        children = [_start(cfg, part, model_cache_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
+        stack.callback(_stop, children)  # this side failed or was interrupted: the children's work is moot
+        progress = CompileProgress(aot.expected_graphs(HERE.step, HERE.kinds))
+        decode, decode_shapes = aot.compile_step(model, HERE.step, cfg, progress, HERE.kinds)
+        for part, child in zip(ASIDE, children, strict=True):
+            _wait(part, child)
+        prefill_graphs, prefill_shapes = _collect(outs[0])
+        general_graphs, general_shapes = _collect(outs[1])
+    for graph in general_graphs:  # after the batch-1 graph: match() takes the first that accepts a call
+        decode.add(graph)
+    return aot.AotSteps(aot.CompiledStep(model, "prefill", prefill_graphs), decode,
+                        {"prefill": prefill_shapes, "decode": decode_shapes + general_shapes})
 
 
-def _start(cfg: EngineConfig, model_cache_dir: str, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", __name__, "--config", config.to_json(cfg), "--threads", str(torch.get_num_threads()),
+def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, out: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", __name__, "--config", config.to_json(cfg), "--step", part.step,
+           "--kinds", ",".join(part.kinds), "--threads", str(torch.get_num_threads()),
            "--model-cache-dir", model_cache_dir, "--kernel-dir", cpp_cache.inductor_cache_dir(), "--out", str(out),
            "--parent", str(os.getpid())]
-    log.info("aot: compiling %s in a process of its own beside this one", ASIDE)
+    log.info("aot: compiling %s in a process of its own beside this one", part)
     return subprocess.Popen(cmd)  # its output goes where ours goes (the worker log)
 
 
-def _collect(model: Transformer, out: Path) -> tuple[aot.CompiledStep, list[shapes.Shape]]:
-    """The child's graphs, loaded onto `model` (their kernels are in this process's build dir)."""
+def _wait(part: Part, child: subprocess.Popen) -> None:
+    code = child.wait()
+    if code != 0:
+        raise aot.AotError(f"compiling {part} in a process of its own (pid {child.pid}) failed with exit code "
+                           f"{code}; its error is in the log above, as 'compile process ({part}):'")
+
+
+def _stop(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _collect(out: Path) -> tuple[list[Any], list[shapes.Shape]]:
+    """A child's graphs, loaded (their kernels are in this process's build dir), and their examples."""
     entries = json.loads((out / SHAPES_FILE).read_text())
-    graphs = [aot.load_graph(out / e["file"]) for e in entries]
-    return aot.CompiledStep(model, ASIDE, graphs), [shapes.Shape.of_entry(e) for e in entries]
+    return [aot.load_graph(out / e["file"]) for e in entries], [shapes.Shape.of_entry(e) for e in entries]
 
 
-def compile_into(cfg: EngineConfig, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
-    """The child's work: the model as the parent has it (prepared in the parent's Inductor
-    cache, where its quantized kernels are built already), the ASIDE step's graphs saved in
-    `out` with their example shapes, their kernels built in `kernel_dir` (the parent's build dir)."""
+def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
+    """A child's work: the model as the parent has it (prepared in the parent's Inductor cache,
+    where its quantized kernels are built already), the part's graphs saved in `out` with their
+    example shapes, their kernels built in `kernel_dir` (the parent's build dir)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     platform.current()  # the profile's -march, as the parent compiles with
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with temporary_cache_dir(str(kernel_dir)):
-        step, examples = aot.compile_step(model, ASIDE, cfg, CompileProgress(aot.EXPECTED_GRAPHS[ASIDE]))
+        progress = CompileProgress(aot.expected_graphs(part.step, part.kinds))
+        step, examples = aot.compile_step(model, part.step, cfg, progress, part.kinds)
     entries = []
     for i, (graph, shape) in enumerate(zip(step.graphs, examples, strict=True)):
-        name = f"{ASIDE}-{i}.bin"
+        name = f"{part.step}-{i}.bin"
         graph.save_compiled_function(str(out / name))
         entries.append(shape.entry(name))
     (out / SHAPES_FILE).write_text(json.dumps(entries))
@@ -102,18 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the resolved EngineConfig, as JSON")
+    p.add_argument("--step", required=True, choices=aot.STEPS, help="the step whose graphs to compile")
+    p.add_argument("--kinds", required=True, help=f"which of its graphs, comma-separated: {', '.join(aot.KINDS)}")
     p.add_argument("--threads", type=int, required=True, help="the parent's torch threads (the graphs guard on them)")
     p.add_argument("--model-cache-dir", required=True, type=Path, help="the Inductor cache the parent's model was prepared in")
     p.add_argument("--kernel-dir", required=True, type=Path, help="the parent's Inductor build dir (the graphs' kernels)")
     p.add_argument("--out", required=True, type=Path, help="where the graphs and their shapes go")
     p.add_argument("--parent", type=int, required=True, help="stop when this process is gone")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"compile process ({ASIDE}): %(levelname)s %(name)s: %(message)s")
+    kinds = tuple(args.kinds.split(","))
+    if not kinds or any(k not in aot.KINDS for k in kinds):
+        p.error(f"--kinds: {args.kinds!r}; each must be one of {', '.join(aot.KINDS)}")
+    part = Part(args.step, kinds)
+    logging.basicConfig(level=logging.INFO, format=f"compile process ({part}): %(levelname)s %(name)s: %(message)s")
     watch_parent(args.parent)
     torch.set_num_threads(args.threads)
-    compile_into(config.from_json(args.config), args.model_cache_dir, args.kernel_dir, args.out)
+    compile_into(config.from_json(args.config), part, args.model_cache_dir, args.kernel_dir, args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -43,7 +43,7 @@ def test_a_failed_compile_process_is_a_compile_error():
 _CHILD = """
 import sys, time
 from pathlib import Path
-from handler.engine.parent_watch import watch_parent
+from handler.engine.child_process import watch_parent
 watch_parent(int(sys.argv[1]), poll_s=0.05)
 Path(sys.argv[2]).write_text("started")
 try:

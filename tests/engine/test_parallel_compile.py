@@ -1,4 +1,5 @@
-"""Prefill compiled in a process of its own beside decode: one artifact, as if compiled in one."""
+"""Prefill and decode's general graph compiled in processes of their own beside decode's batch-1
+graph: one artifact, as if compiled in one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,17 +26,23 @@ def model(cfg):
     return prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
 
 
-def test_prefill_compiles_in_a_child_as_it_would_here(cfg, model, caplog, capfd):
+def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"):
         steps = parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir())
     assert "compiling prefill in a process of its own" in caplog.text
-    assert "compile process (prefill):" in capfd.readouterr().err  # the child's own log lines
+    assert "compiling decode, general in a process of its own" in caplog.text
+    err = capfd.readouterr().err  # the children's own log lines
+    assert "compile process (prefill):" in err and "compile process (decode, general):" in err
     assert len(steps.prefill.graphs) == 1 and len(steps.decode.graphs) == 2
-    assert steps.examples["prefill"] and steps.examples["decode"]
-    tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
-    args = (tokens, torch.arange(2), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)
+    assert [s.batch for s in steps.examples["decode"]][0] == 1  # batch-1 graph first: match() picks it
     here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
-    assert torch.equal(steps.prefill(*args), here.prefill(*args))
+    tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
+    prefill_args = (tokens, torch.arange(2), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)
+    assert torch.equal(steps.prefill(*prefill_args), here.prefill(*prefill_args))
+    for batch in (1, 3):
+        decode_args = (torch.arange(batch) + 4, torch.full((batch,), 5), 64)
+        assert steps.decode.match(*decode_args) is steps.decode.graphs[batch > 1]
+        assert torch.equal(steps.decode(*decode_args), here.decode(*decode_args))
 
 
 def test_a_failing_child_is_an_aot_error_naming_it(cfg, model, monkeypatch, tmp_path):
