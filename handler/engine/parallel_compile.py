@@ -2,10 +2,10 @@
 in a process of its own while this process compiles decode's batch-1 graph.
 
 A graph compiles in one thread: Dynamo, AOT autograd and Inductor's scheduler are Python, then
-g++. Measured on the default model (2 cores, Zen 4, each graph ~40-60 s of CPU): decode's
-batch-1 and general graphs one after the other beside prefill in a second process, 110-130 s;
-all three side by side, ~100 s (each is slower sharing the cores, none waits for another). Each
-child builds the same model, compiles its graphs into this compile's Inductor cache dir, so the
+g++, ~35-60 s of CPU a graph for the default model. The whole compile process alone (2 cores,
+Zen 4, one run each, the C++ wrapper at -O0 then): decode's two graphs one after the other
+beside prefill, 145 s; all three side by side, 137 s. Each graph is slower sharing the cores,
+but none waits for another; with three cores or more they finish together. Each child builds the same model, compiles its graphs into this compile's Inductor cache dir, so the
 kernels it builds are packed with the artifact, and saves them; they are loaded here and join
 this process's graphs in one artifact.
 
