@@ -5,9 +5,10 @@ A graph compiles in one thread: Dynamo, AOT autograd and Inductor's scheduler ar
 g++, ~35-60 s of CPU a graph for the default model. The whole compile process alone (2 cores,
 Zen 4, one run each, the C++ wrapper at -O0 then): decode's two graphs one after the other
 beside prefill, 145 s; all three side by side, 137 s. Each graph is slower sharing the cores,
-but none waits for another; with three cores or more they finish together. Each child builds the same model, compiles its graphs into this compile's Inductor cache dir, so the
-kernels it builds are packed with the artifact, and saves them; they are loaded here and join
-this process's graphs in one artifact.
+but none waits for another; with three cores or more they finish together. Each child builds
+the same model, compiles its graphs into this compile's Inductor cache dir, so the kernels it
+builds are packed with the artifact, and saves them; they are loaded here and join this
+process's graphs in one artifact.
 
     python -m handler.engine.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
