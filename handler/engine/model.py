@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -120,8 +119,9 @@ class KVCache(nn.Module):
         self.k[dst, :, :length] = self.k[src, :, :length]
         self.v[dst, :, :length] = self.v[src, :, :length]
 
-    def write_decode(self, rows: Tensor, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
-        # rows: arange(B); input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
+    def write_decode(self, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
+        # input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
+        rows = torch.arange(k.shape[0], device=k.device)
         self.k[rows, :, input_pos] = k[:, :, 0]
         self.v[rows, :, input_pos] = v[:, :, 0]
 
@@ -149,19 +149,13 @@ def _llama3_scale(inv_freq: Tensor, factor: float, low: float, high: float, orig
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x: [B, heads, T, D]; cos, sin: [B, 1, T, D]
     half = x.shape[-1] // 2
-    xf = x.float()
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def hidden_positions(input_pos: Tensor, kv_len: int) -> Tensor:
-    """[B, 1, 1, S]: the first kv_len cached positions sequence b must not see (after input_pos[b])."""
-    return (torch.arange(kv_len, device=input_pos.device)[None, :] > input_pos[:, None])[:, None, None, :]
-
-
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor) -> Tensor:
     """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
-    hidden: [B, 1, 1, S] (hidden_positions). Returns [B, H, 1, D].
+    sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D].
 
     Written out rather than F.scaled_dot_product_attention: for one query row with a mask and
     grouped KV heads, CPU SDPA costs 3-4x this (1 ms vs 0.3 ms per layer at batch 32, 64
@@ -177,20 +171,15 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor) ->
         scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
     else:
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
-    scores = (scores * d**-0.5).masked_fill(hidden, float("-inf"))  # [B, K, G, S]
+    scores = scores * d**-0.5  # [B, K, G, S]
+    visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
     if compiling:
         out = (probs[..., None] * values[:, :, None, :, :].float()).sum(-2).to(values.dtype)
     else:
         out = torch.matmul(probs.to(values.dtype), values)
     return out.view(b, h, 1, d)
-
-
-class DecodeStep(NamedTuple):
-    """What each layer's decode needs of the step, computed once. rows: arange(B); input_pos: [B]."""
-    rows: Tensor
-    input_pos: Tensor
-    hidden: Tensor  # [B, 1, 1, S] (hidden_positions)
 
 
 class RMSNorm(nn.Module):
@@ -216,13 +205,13 @@ class Attention(nn.Module):
         self.kv_cache: KVCache | None = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # RoPE of q and k heads in one call: each op is compile time in each of the 30 layers.
         a = self.args
         b, t, _ = x.shape
-        qkv = self.wqkv(x).view(b, t, a.n_heads + 2 * a.n_kv_heads, a.head_dim).transpose(1, 2)  # [B, H+2K, T, D]
-        qk, v = qkv.split([a.n_heads + a.n_kv_heads, a.n_kv_heads], 1)
-        q, k = apply_rope(qk, cos, sin).split([a.n_heads, a.n_kv_heads], 1)
-        return q, k, v
+        q, k, v = self.wqkv(x).split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim], -1)
+        q = q.view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
+        k = k.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        v = v.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _out(self, y: Tensor) -> Tensor:
         b, _, t, _ = y.shape
@@ -239,13 +228,16 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
         return self._out(y)
 
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, step: DecodeStep) -> Tensor:
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         q, k, v = self._qkv(x, cos, sin)
-        self.kv_cache.write_decode(step.rows, step.input_pos, k, v)
-        b, s = x.shape[0], step.hidden.shape[-1]
-        keys = self.kv_cache.k[:b, :, :s]  # [B, K, S, D]
-        values = self.kv_cache.v[:b, :, :s]
-        return self._out(decode_attention(q, keys, values, step.hidden))
+        self.kv_cache.write_decode(input_pos, k, v)
+        b = x.shape[0]
+        # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
+        # batch, torch could not otherwise tell that keys keep all b rows.
+        torch._check(b <= self.kv_cache.k.shape[0])
+        keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
+        values = self.kv_cache.v[:b, :, :kv_len]
+        return self._out(decode_attention(q, keys, values, input_pos))
 
 
 class FeedForward(nn.Module):
@@ -273,8 +265,8 @@ class Block(nn.Module):
         h = x + self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids, positions, visible)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, step: DecodeStep) -> Tensor:
-        h = x + self.attention.decode(self.attention_norm(x), cos, sin, step)
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+        h = x + self.attention.decode(self.attention_norm(x), cos, sin, input_pos, kv_len)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -338,13 +330,9 @@ class Transformer(nn.Module):
     def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
         positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
-        b = tokens.shape[0]
-        # b fits the cache: with an unbacked batch torch cannot tell that each layer's keys keep b rows.
-        torch._check(b <= self.layers[0].attention.kv_cache.k.shape[0])
         cos = self.rope_cos[input_pos][:, None, None, :]  # [B, 1, 1, D]
         sin = self.rope_sin[input_pos][:, None, None, :]
-        step = DecodeStep(torch.arange(b, device=tokens.device), input_pos, hidden_positions(input_pos, kv_len))
         x = self.tok_embeddings(tokens[:, None])
         for layer in self.layers:
-            x = layer.decode(x, cos, sin, step)
+            x = layer.decode(x, cos, sin, input_pos, kv_len)
         return self.output(self.norm(x[:, 0])).float()

@@ -55,6 +55,14 @@ ASIDE = (Part("prefill", aot.KINDS), Part("decode", ("general",)))  # compiled b
 HERE = Part("decode", ("batch 1",))  # compiled in this process meanwhile
 
 
+def progress(part: Part) -> CompileProgress:
+    """Progress lines numbering the graphs of HERE and ASIDE as one compile: graph 2 of 3 ..."""
+    parts = [HERE, *ASIDE]
+    counts = [aot.expected_graphs(p.step, p.kinds) for p in parts]
+    i = parts.index(part)
+    return CompileProgress(sum(counts), first=1 + sum(counts[:i]), beside=len(parts) - 1)
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -71,8 +79,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str) -
         outs = [Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ts-llm-graphs-"))) for _ in ASIDE]
         children = [_start(cfg, part, model_cache_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
         stack.callback(_stop, children)  # this side failed or was interrupted: the children's work is moot
-        progress = CompileProgress(aot.expected_graphs(HERE.step, HERE.kinds))
-        decode, decode_shapes = aot.compile_step(model, HERE.step, cfg, progress, HERE.kinds)
+        decode, decode_shapes = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
         for part, child in zip(ASIDE, children, strict=True):
             _wait(part, child)
         prefill_graphs, prefill_shapes = _collect(outs[0])
@@ -122,8 +129,7 @@ def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_di
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with temporary_cache_dir(str(kernel_dir)):
-        progress = CompileProgress(aot.expected_graphs(part.step, part.kinds))
-        step, examples = aot.compile_step(model, part.step, cfg, progress, part.kinds)
+        step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
     entries = []
     for i, (graph, shape) in enumerate(zip(step.graphs, examples, strict=True)):
         name = f"{part.step}-{i}.bin"

@@ -116,7 +116,8 @@ def test_chat_json_schema_whole_and_streamed(client):
 def test_completions_json_object(client):
     r = client.completions.create(model="llm", prompt="A JSON object describing a cat:", max_tokens=48, temperature=0,
                                   extra_body={"response_format": {"type": "json_object"}})
-    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
+    assert r.choices[0].finish_reason == "stop", r.choices[0].text
+    assert isinstance(json.loads(r.choices[0].text), dict)
 
 
 def test_an_invalid_schema_is_a_400(client):

@@ -17,3 +17,9 @@ def test_more_graphs_than_expected_raise_the_total():
     progress = CompileProgress(expected=1)
     progress.finished(30.0)
     assert progress.starting("decode") == "compiling graph 2 of 2 (decode); about 30 s left"
+
+
+def test_graphs_side_by_side_are_numbered_as_one_compile_without_an_estimate():
+    line = CompileProgress(expected=3, first=2, beside=2).starting("prefill")
+    assert line == ("compiling graph 2 of 3 (prefill), side by side with 2 more in processes of their own; "
+                    "they finish about together")

@@ -33,6 +33,7 @@ def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, mod
     assert "compiling decode, general in a process of its own" in caplog.text
     err = capfd.readouterr().err  # the children's own log lines
     assert "compile process (prefill):" in err and "compile process (decode, general):" in err
+    assert "compiling graph 2 of 3 (prefill, general" in err and "compiling graph 3 of 3 (decode, general" in err
     assert len(steps.prefill.graphs) == 1 and len(steps.decode.graphs) == 2
     assert [s.batch for s in steps.examples["decode"]][0] == 1  # batch-1 graph first: match() picks it
     here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
