@@ -227,16 +227,21 @@ def save_artifacts(steps: AotSteps, out_dir: Path, build_dir: Path | None) -> li
         raise AotError(f"{out_dir} is not empty; artifacts go into a fresh directory")
     index: dict[str, Any] = {"format": FORMAT, "steps": {}, "cpp": {"kernels": [], "headers": []}}
     for name in STEPS:
-        entries = []
-        for i, (graph, shape) in enumerate(zip(steps.step(name).graphs, steps.examples[name], strict=True)):
-            path = out_dir / f"{name}-{i}.bin"
-            graph.save_compiled_function(str(path))
-            entries.append(shape.entry(path.name))
-        index["steps"][name] = entries
+        index["steps"][name] = save_graphs(steps.step(name).graphs, steps.examples[name], name, out_dir)
     if build_dir is not None:
         index["cpp"] = cpp_cache.pack(build_dir, out_dir)
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
     return sorted(p for p in out_dir.rglob("*") if p.is_file())
+
+
+def save_graphs(graphs: list[Any], examples: list[Shape], name: StepName, out_dir: Path) -> list[dict[str, Any]]:
+    """Each graph as <name>-<i>.bin in out_dir; returns their index entries (file and example shape)."""
+    entries = []
+    for i, (graph, shape) in enumerate(zip(graphs, examples, strict=True)):
+        path = out_dir / f"{name}-{i}.bin"
+        graph.save_compiled_function(str(path))
+        entries.append(shape.entry(path.name))
+    return entries
 
 
 def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:

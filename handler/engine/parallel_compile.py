@@ -130,12 +130,7 @@ def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_di
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with temporary_cache_dir(str(kernel_dir)):
         step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
-    entries = []
-    for i, (graph, shape) in enumerate(zip(step.graphs, examples, strict=True)):
-        name = f"{part.step}-{i}.bin"
-        graph.save_compiled_function(str(out / name))
-        entries.append(shape.entry(name))
-    (out / SHAPES_FILE).write_text(json.dumps(entries))
+    (out / SHAPES_FILE).write_text(json.dumps(aot.save_graphs(step.graphs, examples, part.step, out)))
 
 
 def main(argv: list[str] | None = None) -> int:
