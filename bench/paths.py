@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section  # noqa: E402
 
-from handler.engine import packed, platform  # noqa: E402
+from handler.engine import aot, packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.engine.model import Linear  # noqa: E402
@@ -81,7 +81,7 @@ def decode_tokens_per_s(checkpoint: Path, dtype: str) -> tuple[float, float]:
     model.setup_cache(1, 256)
     step = torch.compile(model.decode, fullgraph=True, dynamic=False)
     token, pos = torch.zeros(1, dtype=torch.long), torch.tensor([60])
-    with torch.no_grad():
+    with torch.no_grad(), aot.trace_settings():
         start = time.perf_counter()
         step(token, pos, 64)
         compile_s = time.perf_counter() - start

@@ -269,7 +269,7 @@ def warm_up(prefill: Callable, decode: Callable, cfg: EngineConfig) -> None:
     specializes size 1), short and longer prompts, short and longer attention windows."""
     device = torch.device(cfg.device)
     batches = [1, 2] if cfg.max_batch_size >= 2 else [1]
-    with torch.no_grad():  # as the Engine calls them: grad mode is part of the guards
+    with torch.no_grad(), aot.trace_settings():  # no_grad as the Engine calls them: grad mode is part of the guards
         for b in batches:
             for t, kv_len in ((16, 64), (32, 128)):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handler.engine import packed, platform
+from handler.engine import aot, packed, platform
 from handler.engine.model import ModelArgs, Transformer
 
 BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)
@@ -109,7 +109,7 @@ def test_a_compiled_graph_with_packed_weights_saves_and_loads(tmp_path, dtype, p
     torch._dynamo.decorators.mark_unbacked(tokens, 0)
     torch._dynamo.decorators.mark_unbacked(pos, 0)
     compiled = torch.compile(model.decode, fullgraph=True, dynamic=True)
-    with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
+    with torch.no_grad(), aot.trace_settings():
         graph = compiled.aot_compile(((tokens, pos, 16), {}))
     graph.save_compiled_function(str(tmp_path / "decode.bin"))
     with open(tmp_path / "decode.bin", "rb") as f:
