@@ -37,11 +37,19 @@ def private_build_dirs() -> Iterator[Path]:
     header and, in a process that has not compiled before (a worker, archive.sh), the CPU
     feature probes a loading worker would otherwise compile. Removed on exit: loaded libraries
     stay mapped."""
+    with tempfile.TemporaryDirectory(prefix="ts-llm-aot-") as tmp, build_dirs(Path(tmp)) as path:
+        yield path
+
+
+@contextmanager
+def build_dirs(path: Path) -> Iterator[Path]:
+    """Point Inductor's kernel cache and header dir at `path` for the duration: private_build_dirs,
+    and the processes that compile graphs of the same artifact beside it (parallel_compile), so
+    that they build one precompiled header between them (~5 s each otherwise), packed with the rest."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    with tempfile.TemporaryDirectory(prefix="ts-llm-aot-") as tmp, temporary_cache_dir(tmp):
-        with _header_dir(Path(tmp) / HEADER_DIR):
-            yield Path(tmp)
+    with temporary_cache_dir(str(path)), _header_dir(path / HEADER_DIR):
+        yield path
 
 
 @contextmanager

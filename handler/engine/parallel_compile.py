@@ -122,13 +122,13 @@ def _collect(out: Path) -> tuple[list[Any], list[shapes.Shape]]:
 def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
     """A child's work: the model as the parent has it (prepared in the parent's Inductor cache,
     where its quantized kernels are built already), the part's graphs saved in `out` with their
-    example shapes, their kernels built in `kernel_dir` (the parent's build dir)."""
+    example shapes, their kernels and header built in `kernel_dir` (the parent's build dir)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     platform.current()  # the profile's -march, as the parent compiles with
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
-    with temporary_cache_dir(str(kernel_dir)):
+    with cpp_cache.build_dirs(kernel_dir):
         step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
     (out / SHAPES_FILE).write_text(json.dumps(aot.save_graphs(step.graphs, examples, part.step, out)))
 
