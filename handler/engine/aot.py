@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,29 +232,60 @@ def trace_settings() -> Any:
 
 # ---- saving and loading -----------------------------------------------------------------------
 
-def save_artifacts(steps: AotSteps, out_dir: Path, build_dir: Path | None) -> list[Path]:
-    """Write each graph, what was built under `build_dir` (cpp_cache.private_build_dirs) and an
-    index into out_dir (which must be empty or absent). Returns the files written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if any(out_dir.iterdir()):
-        raise AotError(f"{out_dir} is not empty; artifacts go into a fresh directory")
-    index: dict[str, Any] = {"format": FORMAT, "steps": {}, "cpp": {"kernels": [], "headers": []}}
-    for name in STEPS:
-        index["steps"][name] = save_graphs(steps.step(name).graphs, steps.examples[name], name, out_dir)
-    if build_dir is not None:
-        index["cpp"] = cpp_cache.pack(build_dir, out_dir)
-    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
-    return sorted(p for p in out_dir.rglob("*") if p.is_file())
+@dataclass
+class SavedGraphs:
+    """Graphs of one step saved as files and loaded back from them once: each is then known to
+    load before an artifact is made of its file, and serves from what was loaded."""
+    graphs: list[Any]
+    files: list[Path]
+    examples: list[Shape]  # each graph's example shape
+
+    def __add__(self, other: SavedGraphs) -> SavedGraphs:
+        return SavedGraphs(self.graphs + other.graphs, self.files + other.files, self.examples + other.examples)
+
+
+def save_and_reload(graphs: list[Any], examples: list[Shape], name: StepName, folder: Path) -> SavedGraphs:
+    return reload(save_graphs(graphs, examples, name, folder), folder)
 
 
 def save_graphs(graphs: list[Any], examples: list[Shape], name: StepName, out_dir: Path) -> list[dict[str, Any]]:
     """Each graph as <name>-<i>.bin in out_dir; returns their index entries (file and example shape)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, (graph, shape) in enumerate(zip(graphs, examples, strict=True)):
         path = out_dir / f"{name}-{i}.bin"
         graph.save_compiled_function(str(path))
         entries.append(shape.entry(path.name))
     return entries
+
+
+def reload(entries: list[dict[str, Any]], folder: Path) -> SavedGraphs:
+    """The graphs save_graphs wrote in `folder` (their kernels where this process builds them)."""
+    files = [folder / e["file"] for e in entries]
+    return SavedGraphs([load_graph(f) for f in files], files, [Shape.of_entry(e) for e in entries])
+
+
+def serving_steps(model: Transformer, saved: dict[StepName, SavedGraphs]) -> AotSteps:
+    steps = [CompiledStep(model, name, saved[name].graphs) for name in STEPS]
+    return AotSteps(*steps, {name: saved[name].examples for name in STEPS})
+
+
+def save_artifacts(saved: dict[StepName, SavedGraphs], out_dir: Path, build_dir: Path | None) -> list[Path]:
+    """Write each step's graph files, what was built under `build_dir` (cpp_cache.private_build_dirs)
+    and an index into out_dir (which must be empty or absent). Returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if any(out_dir.iterdir()):
+        raise AotError(f"{out_dir} is not empty; artifacts go into a fresh directory")
+    index: dict[str, Any] = {"format": FORMAT, "steps": {}, "cpp": {"kernels": [], "headers": []}}
+    for name in STEPS:
+        index["steps"][name] = []
+        for i, (src, shape) in enumerate(zip(saved[name].files, saved[name].examples, strict=True)):
+            shutil.copyfile(src, out_dir / f"{name}-{i}.bin")
+            index["steps"][name].append(shape.entry(f"{name}-{i}.bin"))
+    if build_dir is not None:
+        index["cpp"] = cpp_cache.pack(build_dir, out_dir)
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
+    return sorted(p for p in out_dir.rglob("*") if p.is_file())
 
 
 def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:

@@ -230,23 +230,21 @@ def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | N
 
 def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, dest: Path) -> aot.AotSteps:
     """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
-    returns the steps loaded back from it. Call it holding dest's lock when others may read it."""
-    loaded: list[aot.AotSteps] = []
+    returns the steps, loaded back from the files the artifact holds: an artifact of graphs that
+    do not load is never installed. Call it holding dest's lock when others may read it."""
     model_cache = cpp_cache.inductor_cache_dir()  # where `model`'s own kernels were built
     with cpp_cache.private_build_dirs() as build_dir:
-        compiled = parallel_compile.compile_steps(model, cfg, model_cache)
+        saved = parallel_compile.compile_steps(model, cfg, model_cache, build_dir)
 
         def write(staged: Path) -> None:
-            aot.save_artifacts(compiled, staged, build_dir)
+            aot.save_artifacts(saved, staged, build_dir)
             # Listed in the artifact's manifest: the sidecar's default key file, so after a cold
             # compile it finds the key of what it publishes.
             artifacts.write_key_file(key, staged / KEY_FILE_NAME)
-            # Serve what was saved: an artifact that does not load is never installed.
-            loaded.append(aot.load_artifacts(model, staged))
 
         artifacts.install(write, key, dest)
     log.info("compile cache: installed artifact %s in %s", key.digest(), dest)
-    return loaded[0]
+    return aot.serving_steps(model, saved)
 
 
 # ---- torch.compile, for configurations AOT does not support -----------------------------------

@@ -20,11 +20,8 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -67,43 +64,46 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str) -> aot.AotSteps:
-    """aot.compile_steps, with the ASIDE parts compiled in child processes when there are two
-    cores or more (CPU only: on CUDA the graphs' compile is not what bounds a cold start here).
-    Call it in a private build dir (cpp_cache.private_build_dirs); `model_cache_dir` is the
-    Inductor cache `model` was prepared in (its quantized kernels are there: a child need not
-    build them)."""
+def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path) -> dict[shapes.StepName, aot.SavedGraphs]:
+    """Every step's graphs (aot.compile_steps), saved under `build_dir` (the private build dir,
+    cpp_cache.private_build_dirs, this compile's Inductor cache) and loaded back once, with the
+    ASIDE parts compiled in child processes when there are two cores or more (CPU only: on CUDA
+    the graphs' compile is not what bounds a cold start here). Each graph is loaded while the
+    graphs still compiling elsewhere run. `model_cache_dir` is the Inductor cache `model` was
+    prepared in (its quantized kernels are there: a child need not build them)."""
+    graphs_dir = build_dir / "graphs"
     if usable_cores() < 2 or torch.device(cfg.device).type != "cpu":
-        return aot.compile_steps(model, cfg)
-    with ExitStack() as stack:
-        outs = [Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ts-llm-graphs-"))) for _ in ASIDE]
-        children = [_start(cfg, part, model_cache_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
-        stack.callback(_stop, children)  # this side failed or was interrupted: the children's work is moot
-        decode, decode_shapes = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
-        for part, child in zip(ASIDE, children, strict=True):
-            _wait(part, child)
-        prefill_graphs, prefill_shapes = _collect(outs[0])
-        general_graphs, general_shapes = _collect(outs[1])
-    for graph in general_graphs:  # after the batch-1 graph: match() takes the first that accepts a call
-        decode.add(graph)
-    return aot.AotSteps(aot.CompiledStep(model, "prefill", prefill_graphs), decode,
-                        {"prefill": prefill_shapes, "decode": decode_shapes + general_shapes})
+        steps = aot.compile_steps(model, cfg)
+        return {name: aot.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
+                for name in aot.STEPS}
+    outs = [graphs_dir / f"aside-{i}" for i in range(len(ASIDE))]
+    children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
+    try:
+        here, examples = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
+        decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
+        prefill, general = (_collect(part, child, out) for part, child, out in zip(ASIDE, children, outs, strict=True))
+    finally:
+        _stop(children)  # this side failed or was interrupted: the children's work is moot
+    # decode's general graphs after the batch-1 graph: match() takes the first that accepts a call
+    return {"prefill": prefill, "decode": decode + general}
 
 
-def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, out: Path) -> subprocess.Popen:
+def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, build_dir: Path, out: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", __name__, "--config", config.to_json(cfg), "--step", part.step,
            "--kinds", ",".join(part.kinds), "--threads", str(torch.get_num_threads()),
-           "--model-cache-dir", model_cache_dir, "--kernel-dir", cpp_cache.inductor_cache_dir(), "--out", str(out),
+           "--model-cache-dir", model_cache_dir, "--kernel-dir", str(build_dir), "--out", str(out),
            "--parent", str(os.getpid())]
     log.info("aot: compiling %s in a process of its own beside this one", part)
     return subprocess.Popen(cmd)  # its output goes where ours goes (the worker log)
 
 
-def _wait(part: Part, child: subprocess.Popen) -> None:
+def _collect(part: Part, child: subprocess.Popen, out: Path) -> aot.SavedGraphs:
+    """A child's graphs once it has exited, loaded (their kernels are in this process's build dir)."""
     code = child.wait()
     if code != 0:
         raise aot.AotError(f"compiling {part} in a process of its own (pid {child.pid}) failed with exit code "
                            f"{code}; its error is in the log above, as 'compile process ({part}):'")
+    return aot.reload(json.loads((out / SHAPES_FILE).read_text()), out)
 
 
 def _stop(children: list[subprocess.Popen]) -> None:
@@ -111,12 +111,6 @@ def _stop(children: list[subprocess.Popen]) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
-
-
-def _collect(out: Path) -> tuple[list[Any], list[shapes.Shape]]:
-    """A child's graphs, loaded (their kernels are in this process's build dir), and their examples."""
-    entries = json.loads((out / SHAPES_FILE).read_text())
-    return [aot.load_graph(out / e["file"]) for e in entries], [shapes.Shape.of_entry(e) for e in entries]
 
 
 def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
@@ -130,7 +124,8 @@ def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_di
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with cpp_cache.build_dirs(kernel_dir):
         step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
-    (out / SHAPES_FILE).write_text(json.dumps(aot.save_graphs(step.graphs, examples, part.step, out)))
+    entries = aot.save_graphs(step.graphs, examples, part.step, out)
+    (out / SHAPES_FILE).write_text(json.dumps(entries))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,9 +26,15 @@ def model(cfg):
     return prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
 
 
+def _compile_steps(model, cfg) -> dict:
+    model_cache = cpp_cache.inductor_cache_dir()
+    with cpp_cache.private_build_dirs() as build_dir:  # as compile_and_install calls it
+        return parallel_compile.compile_steps(model, cfg, model_cache, build_dir)
+
+
 def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"):
-        steps = parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir())
+        steps = aot.serving_steps(model, _compile_steps(model, cfg))
     assert "compiling prefill in a process of its own" in caplog.text
     assert "compiling decode, general in a process of its own" in caplog.text
     err = capfd.readouterr().err  # the children's own log lines
@@ -50,11 +56,19 @@ def test_a_failing_child_is_an_aot_error_naming_it(cfg, model, monkeypatch, tmp_
     gone = dataclasses.replace(cfg, checkpoint_dir=tmp_path / "gone")  # the child cannot build the model
     monkeypatch.setattr(aot, "compile_step", lambda *args: (aot.CompiledStep(model, "decode"), []))
     with pytest.raises(aot.AotError, match=r"compiling prefill in a process of its own .* failed with exit code 1"):
-        parallel_compile.compile_steps(model, gone, cpp_cache.inductor_cache_dir())
+        _compile_steps(model, gone)
 
 
-def test_one_core_compiles_in_this_process(cfg, model, monkeypatch):
-    calls = []
+class CompiledHere(Exception):
+    pass
+
+
+def test_one_core_compiles_in_this_process(cfg, model, monkeypatch, caplog):
+    def compile_steps(model, cfg):
+        raise CompiledHere
+
     monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 1)
-    monkeypatch.setattr(aot, "compile_steps", lambda m, c: calls.append(c) or "steps")
-    assert parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir()) == "steps" and calls == [cfg]
+    monkeypatch.setattr(aot, "compile_steps", compile_steps)
+    with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"), pytest.raises(CompiledHere):
+        _compile_steps(model, cfg)
+    assert "process of its own" not in caplog.text
