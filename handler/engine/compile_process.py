@@ -2,8 +2,8 @@
 
 A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
 the model's eager steps; this process builds the same model, AOT-compiles every serving shape
-(prefill in a second process beside it when there are two cores: handler.engine.parallel_compile)
-and installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
+(two of the three graphs in processes forked beside it when there are two cores or more:
+handler.engine.parallel_compile) and installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
 then loads it in the background and switches between two steps (handler.engine.warm_start).
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
 steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
@@ -35,9 +35,10 @@ log = logging.getLogger("handler.engine.compile_process")
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
 
 
-def compile_into(cfg: EngineConfig, digest: str, dest: Path) -> str:
+def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int | None = None) -> str:
     """Compile and install the artifact for `cfg` in dest unless a verified one is there; says
-    what it did. The key is computed here as the worker computes it and must be the one asked."""
+    what it did. The key is computed here as the worker computes it and must be the one asked.
+    `fork_threads`: this process has run torch on one thread so far (see main)."""
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
     if key.digest() != digest:
@@ -45,7 +46,7 @@ def compile_into(cfg: EngineConfig, digest: str, dest: Path) -> str:
     with artifacts.holding(ArtifactPlaces(dest)):
         if artifacts.check_dir(dest, key).verdict == Verdict.VERIFIED:
             return f"artifact {digest} already installed in {dest} (another worker compiled it)"
-        compile_and_install(prepare_model(ckpt, cfg), cfg, key, dest)
+        compile_and_install(prepare_model(ckpt, cfg), cfg, key, dest, fork_threads)
     return f"artifact {digest} installed in {dest}"
 
 
@@ -62,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent is not None:
         watch_parent(args.parent)
     os.nice(NICENESS)
-    torch.set_num_threads(args.threads)
-    log.info(compile_into(config.from_json(args.config), args.key, args.dest))
+    # One thread until the processes compiling beside this one are forked, with the model as
+    # prepared here (handler.engine.parallel_compile); then the worker's count.
+    torch.set_num_threads(1)
+    log.info(compile_into(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
     return 0
 
 

@@ -228,13 +228,15 @@ def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | N
     return Steps(steps.prefill, steps.decode, "aot-compiled", seconds, artifact_dir=dest)
 
 
-def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, dest: Path) -> aot.AotSteps:
+def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, dest: Path,
+                        fork_threads: int | None = None) -> aot.AotSteps:
     """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
     returns the steps, loaded back from the files the artifact holds: an artifact of graphs that
-    do not load is never installed. Call it holding dest's lock when others may read it."""
+    do not load is never installed. Call it holding dest's lock when others may read it.
+    `fork_threads`: see parallel_compile.compile_steps."""
     model_cache = cpp_cache.inductor_cache_dir()  # where `model`'s own kernels were built
     with cpp_cache.private_build_dirs() as build_dir:
-        saved = parallel_compile.compile_steps(model, cfg, model_cache, build_dir)
+        saved = parallel_compile.compile_steps(model, cfg, model_cache, build_dir, fork_threads)
 
         def write(staged: Path) -> None:
             aot.save_artifacts(saved, staged, build_dir)

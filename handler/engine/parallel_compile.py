@@ -2,13 +2,14 @@
 in a process of its own while this process compiles decode's batch-1 graph.
 
 A graph compiles in one thread: Dynamo, AOT autograd and Inductor's scheduler are Python, then
-g++, ~35-60 s of CPU a graph for the default model. The whole compile process alone (2 cores,
+g++, ~40-60 s of CPU a graph for the default model. The whole compile process alone (2 cores,
 Zen 4, one run each, the C++ wrapper at -O0 then): decode's two graphs one after the other
 beside prefill, 145 s; all three side by side, 137 s. Each graph is slower sharing the cores,
-but none waits for another; with three cores or more they finish together. Each child builds
-the same model, compiles its graphs into this compile's Inductor cache dir, so the kernels it
-builds are packed with the artifact, and saves them; they are loaded here and join this
-process's graphs in one artifact.
+but none waits for another; with three cores or more they finish together. The children
+compile into this compile's Inductor build dir, so the kernels and header they build are packed
+with the artifact, and save their graphs, which are loaded here and join this process's graphs
+in one artifact. In handler.engine.compile_process they are forked with the model prepared
+there; elsewhere (archive.sh --aot, a blocking cold start in a worker) they start afresh:
 
     python -m handler.engine.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -64,20 +66,32 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path) -> dict[shapes.StepName, aot.SavedGraphs]:
+def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path,
+                  fork_threads: int | None = None) -> dict[shapes.StepName, aot.SavedGraphs]:
     """Every step's graphs (aot.compile_steps), saved under `build_dir` (the private build dir,
     cpp_cache.private_build_dirs, this compile's Inductor cache) and loaded back once, with the
     ASIDE parts compiled in child processes when there are two cores or more (CPU only: on CUDA
     the graphs' compile is not what bounds a cold start here). Each graph is loaded while the
     graphs still compiling elsewhere run. `model_cache_dir` is the Inductor cache `model` was
-    prepared in (its quantized kernels are there: a child need not build them)."""
+    prepared in (its quantized kernels are there: a child need not build them).
+
+    `fork_threads`: this process has run torch on one thread only (handler.engine.compile_process):
+    the children are then forked with the model as prepared here instead of started afresh (~6 s
+    of CPU each, imports and the model, on the critical path of a cold start), and every process
+    runs `fork_threads` threads from then on. A team of OpenMP threads does not survive a fork:
+    in a child forked after a parallel op, the next parallel op hangs."""
     graphs_dir = build_dir / "graphs"
     if usable_cores() < 2 or torch.device(cfg.device).type != "cpu":
+        _set_threads(fork_threads)
         steps = aot.compile_steps(model, cfg)
         return {name: aot.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
                 for name in aot.STEPS}
     outs = [graphs_dir / f"aside-{i}" for i in range(len(ASIDE))]
-    children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
+    if fork_threads is None:
+        children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
+    else:
+        children = [_fork(model, cfg, part, out, fork_threads) for part, out in zip(ASIDE, outs, strict=True)]
+    _set_threads(fork_threads)
     try:
         here, examples = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
         decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
@@ -86,6 +100,14 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
         _stop(children)  # this side failed or was interrupted: the children's work is moot
     # decode's general graphs after the batch-1 graph: match() takes the first that accepts a call
     return {"prefill": prefill, "decode": decode + general}
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+Child = subprocess.Popen | multiprocessing.Process
 
 
 def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, build_dir: Path, out: Path) -> subprocess.Popen:
@@ -97,35 +119,73 @@ def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, build_dir: Path,
     return subprocess.Popen(cmd)  # its output goes where ours goes (the worker log)
 
 
-def _collect(part: Part, child: subprocess.Popen, out: Path) -> aot.SavedGraphs:
+def _fork(model: Transformer, cfg: EngineConfig, part: Part, out: Path, threads: int) -> multiprocessing.Process:
+    log.info("aot: compiling %s in a process of its own beside this one (forked)", part)
+    child = multiprocessing.get_context("fork").Process(target=_forked, args=(model, cfg, part, out, threads, os.getpid()),
+                                                        name=f"compile {part}")
+    child.start()  # flushes this process's streams first: the child would write what they hold again
+    return child
+
+
+def _forked(model: Transformer, cfg: EngineConfig, part: Part, out: Path, threads: int, parent: int) -> None:
+    """A forked child's work: Inductor's cache and header dir are the parent's build dir already."""
+    _as_child(part, parent, threads)
+    code = 1
+    try:
+        _compile_part(model, cfg, part, out)
+        code = 0
+    except BaseException:
+        log.exception("aot: compiling %s failed", part)
+    exit_now(code)
+
+
+def _as_child(part: Part, parent: int, threads: int) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"compile process ({part}): %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    watch_parent(parent)
+    torch.set_num_threads(threads)
+
+
+def _collect(part: Part, child: Child, out: Path) -> aot.SavedGraphs:
     """A child's graphs once it has exited, loaded (their kernels are in this process's build dir)."""
-    code = child.wait()
+    if isinstance(child, subprocess.Popen):
+        code = child.wait()
+    else:
+        child.join()
+        code = child.exitcode
     if code != 0:
         raise aot.AotError(f"compiling {part} in a process of its own (pid {child.pid}) failed with exit code "
                            f"{code}; its error is in the log above, as 'compile process ({part}):'")
     return aot.reload(json.loads((out / SHAPES_FILE).read_text()), out)
 
 
-def _stop(children: list[subprocess.Popen]) -> None:
+def _stop(children: list[Child]) -> None:
     for child in children:
-        if child.poll() is None:
+        if isinstance(child, subprocess.Popen) and child.poll() is None:
             child.kill()
             child.wait()
+        elif isinstance(child, multiprocessing.Process) and child.is_alive():
+            child.kill()
+            child.join()
 
 
 def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
-    """A child's work: the model as the parent has it (prepared in the parent's Inductor cache,
-    where its quantized kernels are built already), the part's graphs saved in `out` with their
-    example shapes, their kernels and header built in `kernel_dir` (the parent's build dir)."""
+    """A started child's work: the model as the parent has it (prepared in the parent's Inductor
+    cache, where its quantized kernels are built already), then _compile_part with its kernels
+    and header built in `kernel_dir` (the parent's build dir)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     platform.current()  # the profile's -march, as the parent compiles with
     with temporary_cache_dir(str(model_cache_dir)):
         model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
     with cpp_cache.build_dirs(kernel_dir):
-        step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
-    entries = aot.save_graphs(step.graphs, examples, part.step, out)
-    (out / SHAPES_FILE).write_text(json.dumps(entries))
+        _compile_part(model, cfg, part, out)
+
+
+def _compile_part(model: Transformer, cfg: EngineConfig, part: Part, out: Path) -> None:
+    """The part's graphs saved in `out` with their example shapes."""
+    step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
+    (out / SHAPES_FILE).write_text(json.dumps(aot.save_graphs(step.graphs, examples, part.step, out)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if not kinds or any(k not in aot.KINDS for k in kinds):
         p.error(f"--kinds: {args.kinds!r}; each must be one of {', '.join(aot.KINDS)}")
     part = Part(args.step, kinds)
-    logging.basicConfig(level=logging.INFO, format=f"compile process ({part}): %(levelname)s %(name)s: %(message)s")
-    watch_parent(args.parent)
-    torch.set_num_threads(args.threads)
+    _as_child(part, args.parent, args.threads)
     compile_into(config.from_json(args.config), part, args.model_cache_dir, args.kernel_dir, args.out)
     return 0
 

@@ -93,7 +93,7 @@ def generate(engine) -> list[list[int]]:
 
 
 @pytest.mark.timeout(600)
-def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(cfg, tmp_path, caplog, monkeypatch):
+def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(cfg, tmp_path, caplog, capfd, monkeypatch):
     # An empty Inductor cache: a kernel the artifact carries but the loading thread keys
     # differently (it once did: torch's config overrides are per thread context) is compiled
     # again at load, and said so, instead of being found from an earlier test.
@@ -111,3 +111,5 @@ def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(
     key = artifacts.artifact_key(platform.resolve(cfg)[0], artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
     assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
     assert (cache_dir / KEY_FILE_NAME).exists()
+    # Compiled beside it by processes forked with the model it prepared (parallel_compile).
+    assert "compiling prefill in a process of its own beside this one (forked)" in capfd.readouterr().err
