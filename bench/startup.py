@@ -11,10 +11,12 @@ Three replicas of the default model, each with an empty Inductor cache (TORCHIND
          with TorchServe as the entrypoint's --restore-at-start does (the worker's artifact
          lookup waits for it; handler.cache.sync.restore_in_background), timed from the
          restore's start.
-eager and warm run --repeats times, interleaved, each time on an empty instance (ready times
-vary by ~10% run to run on a small machine); the ratios use the medians. After the first of
-each is ready, decode speed is measured on the same server, so "ready" means "serving at
-compiled speed" only if the numbers say so. Writes docs/results/startup.json,
+eager, cold and warm run --repeats times, interleaved, each time on an empty instance (ready
+times vary by ~10% run to run on a small machine, and the first start after a while is slower);
+the ratios use the medians. The cold replica compiles to the end in its first run only (minutes),
+the others stop at their first answer. After the first of each is ready, decode speed is
+measured on the same server, so "ready" means "serving at compiled speed" only if the numbers
+say so. Writes docs/results/startup.json,
 docs/results/startup.png and the Startup section of docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -101,11 +103,12 @@ def engine_line(ts: TorchServe) -> str:
     return re.sub(r"^.*engine ready: ", "", lines[-1]) if lines else ""
 
 
-def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, before=None, measure: bool = True) -> dict:
+def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, before=None, measure: bool = True,
+            until_compiled: bool = True) -> dict:
     """Time a replica from `before` (starting the sidecar's restore, if any) through TorchServe's
-    start to its first prediction; then, if `measure`, its decode speed; then stop it. `home`
-    holds its Inductor cache and TorchServe's work dir (and temp dir): new ones are empty, as on
-    a new instance."""
+    start to its first prediction; then, if `until_compiled`, until it serves compiled steps;
+    then, if `measure`, its decode speed; then stop it. `home` holds its Inductor cache and
+    TorchServe's work dir (and temp dir): new ones are empty, as on a new instance."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"), "XDG_CACHE_HOME": str(home / "cache")}
     if cache_dir is not None:
         env["TS_LLM_CACHE_DIR"] = str(cache_dir)
@@ -121,14 +124,14 @@ def replica(name: str, store: Path, home: Path, args, cache_dir: Path | None, be
         run = {"ready_s": ready - start, "torchserve_to_first_prediction_s": ready - started, **pre}
         print(f"{name}: ready in {run['ready_s']:.1f} s", flush=True)
         run["engine"] = engine_line(ts)
-        if "(aot-background)" in run["engine"] or "(aot-compiling)" in run["engine"]:
+        if until_compiled and ("(aot-background)" in run["engine"] or "(aot-compiling)" in run["engine"]):
             # The switch, to 0.1 s after a load (seconds); after a compile (minutes) a step every
             # 10 s keeps the worker checked (each eager step takes CPU the compile process
             # needs), and wait_compiled drives one at once when the worker says it has loaded.
             ts.wait_compiled("llm", time.monotonic() + 3600, PROMPT, interval=0.1 if "(aot-background)" in run["engine"] else 10.0)
             run["compiled_s"] = time.monotonic() - start
             print(f"{name}: serving compiled after {run['compiled_s']:.1f} s", flush=True)
-        elif "(eager)" not in run["engine"]:
+        elif until_compiled and "(eager)" not in run["engine"]:
             run["compiled_s"] = run["ready_s"]
         if measure:
             run.update(speeds(ts, args))
@@ -157,7 +160,7 @@ def medians(runs: list[dict]) -> dict:
     summary = dict(runs[0])
     for field in ("ready_s", "compiled_s", "restore_s", "torchserve_to_first_prediction_s"):
         if field in summary:
-            values = [r[field] for r in runs]
+            values = [r[field] for r in runs if field in r]
             summary[field], summary[field + "_runs"] = statistics.median(values), values
     return summary
 
@@ -183,11 +186,12 @@ def run_all(args, tmp: Path) -> dict:
         client.create_bucket(Bucket="startup")
         s3 = S3Store("startup", "artifacts", client, progress=False)
         cold_dir = tmp / "cold" / "cache" / "aot"
-        runs = {"cold": replica("cold", compiled_store, tmp / "cold", args, cold_dir)}
+        cold = [replica("cold", compiled_store, tmp / "cold", args, cold_dir)]
         installed = json.loads((cold_dir / KEY_FILE_NAME).read_text())
         assert installed == key.describe(), f"the worker's key {installed} differs from the .mar's {key.describe()}"
-        runs["cold"]["artifact_mb"] = sum(p.stat().st_size for p in cold_dir.rglob("*") if p.is_file()) / 1e6
-        runs["cold"]["publish"] = str(publish_if_new(s3, key, cold_dir))
+        cold[0]["artifact_mb"] = sum(p.stat().st_size for p in cold_dir.rglob("*") if p.is_file()) / 1e6
+        cold[0]["publish"] = str(publish_if_new(s3, key, cold_dir))
+        runs = {}
 
         def restore_step(dest: Path) -> Callable[[], Future]:
             def step() -> Future:
@@ -207,12 +211,15 @@ def run_all(args, tmp: Path) -> dict:
             return step
 
         eager, warm = [], []
-        for i in range(args.repeats):  # interleaved: slow phases of the machine hit both alike
+        for i in range(args.repeats):  # interleaved: slow phases of the machine hit all alike
             eager.append(replica("eager", eager_store, tmp / f"eager{i}", args, None, measure=i == 0))
+            if i:  # the first answer of more cold replicas (the first one compiled to the end, above)
+                cold.append(replica("cold", compiled_store, tmp / f"cold{i}", args, tmp / f"cold{i}" / "cache" / "aot",
+                                    measure=False, until_compiled=False))
             warm_dir = tmp / f"warm{i}" / "cache" / "aot"
             warm.append(replica("warm", compiled_store, tmp / f"warm{i}", args, warm_dir,
                                 before=restore_step(warm_dir), measure=i == 0))
-        runs["eager"], runs["warm"] = medians(eager), medians(warm)
+        runs["eager"], runs["warm"], runs["cold"] = medians(eager), medians(warm), medians(cold)
         # The same replacement instance with warm_start: blocking (the artifact loads before ready).
         blocking_dir = tmp / "blocking" / "cache" / "aot"
         runs["warm_blocking"] = replica("warm_blocking", blocking_store, tmp / "blocking", args, blocking_dir,
@@ -313,9 +320,10 @@ A replica's wall time from starting TorchServe to its first successful predictio
 empty Inductor cache. *warm* is a replacement instance: the sidecar's restore of the compiled
 artifact from S3 (moto on loopback) into an empty cache dir is included, started with TorchServe
 as the entrypoint's `--restore-at-start` does (the worker's artifact lookup waits for the
-download under the cache dir's install lock), and timed from the restore's start. *eager* and
-*warm* are started {args.repeats} times each, interleaved, on empty instances: their times are
-medians (every run: eager {_secs(runs['eager'])}, warm {_secs(runs['warm'])}). It uses the
+download under the cache dir's install lock), and timed from the restore's start. *eager*,
+*cold* and *warm* are started {args.repeats} times each, interleaved, on empty instances: their
+ready times are medians (every run: eager {_secs(runs['eager'])}, cold {_secs(runs['cold'])}, warm
+{_secs(runs['warm'])}); the cold replica is followed to compiled speed in its first run only. It uses the
 default `warm_start: background`: the worker is ready once the artifact is verified, serves eager
 steps while the compiled ones load in a thread, then switches (the *compiled at* column; steps
 are driven by 1-token requests meanwhile). *warm_blocking* is the same instance with
@@ -362,13 +370,15 @@ and the ratios move towards 1.
 
 ### Where the cold replica's minutes go
 
-The compile process starts before the worker prepares its model (their starts overlap), compiles
-decode's batch-1 graph while two more processes compile prefill's graph and decode's general graph
-beside it (`handler/engine/parallel_compile.py`), saves and verifies the artifact, and exits; the
+The compile process starts before the worker prepares its model (their starts overlap), prepares
+its own on one thread, forks two processes with it that compile prefill's graph and decode's general
+graph while it compiles decode's batch-1 graph (`handler/engine/parallel_compile.py`), loads each
+graph back from the file the artifact copies as it lands, installs the artifact, and exits; the
 worker loads it (in all {runs['cold'].get('engine_compile_s', float('nan')):.1f} s from the worker's ready to the compiled steps loaded).
-Each graph is ~35-60 s of CPU, Python (Dynamo, AOT autograd, Inductor's scheduling over 30
-unrolled layers) more than g++; three side by side on 2 cores take ~100-115 s, and the worker's
-eager steps share the cores, so runs of this benchmark vary by ±10 s.
+Each graph is ~40-60 s of CPU, Python more than g++: Dynamo traces one layer for all 30, AOT
+autograd's tracing and Inductor's scheduling still go over the 30 unrolled layers. Three side by
+side on 2 cores take ~105-120 s and finish within seconds of each other; the worker's eager steps
+share the cores, so runs of this benchmark vary by ±10 s.
 What each graph buys was measured in fresh processes (default model, Zen 4): the batch-1 graph
 decodes one sequence in 6.4-7.5 / 8.3 / 9.5-10.1 ms at windows 192 / 512 / 1024 against the general
 graph's 7.6-7.7 / 8.8-9.0 / 11.6-12.7 ms, 5-20% faster; it is kept.

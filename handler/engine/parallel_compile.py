@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
@@ -107,7 +108,7 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-Child = subprocess.Popen | multiprocessing.Process
+Child = subprocess.Popen | BaseProcess  # started afresh, or forked
 
 
 def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, build_dir: Path, out: Path) -> subprocess.Popen:
@@ -119,7 +120,7 @@ def _start(cfg: EngineConfig, part: Part, model_cache_dir: str, build_dir: Path,
     return subprocess.Popen(cmd)  # its output goes where ours goes (the worker log)
 
 
-def _fork(model: Transformer, cfg: EngineConfig, part: Part, out: Path, threads: int) -> multiprocessing.Process:
+def _fork(model: Transformer, cfg: EngineConfig, part: Part, out: Path, threads: int) -> BaseProcess:
     log.info("aot: compiling %s in a process of its own beside this one (forked)", part)
     child = multiprocessing.get_context("fork").Process(target=_forked, args=(model, cfg, part, out, threads, os.getpid()),
                                                         name=f"compile {part}")
@@ -161,10 +162,11 @@ def _collect(part: Part, child: Child, out: Path) -> aot.SavedGraphs:
 
 def _stop(children: list[Child]) -> None:
     for child in children:
-        if isinstance(child, subprocess.Popen) and child.poll() is None:
-            child.kill()
-            child.wait()
-        elif isinstance(child, multiprocessing.Process) and child.is_alive():
+        if isinstance(child, subprocess.Popen):
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        elif child.is_alive():
             child.kill()
             child.join()
 

@@ -3,7 +3,11 @@ graph: one artifact, as if compiled in one process."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +61,53 @@ def test_a_failing_child_is_an_aot_error_naming_it(cfg, model, monkeypatch, tmp_
     monkeypatch.setattr(aot, "compile_step", lambda *args: (aot.CompiledStep(model, "decode"), []))
     with pytest.raises(aot.AotError, match=r"compiling prefill in a process of its own .* failed with exit code 1"):
         _compile_steps(model, gone)
+
+
+# A compile process (torch on one thread so far) whose forked prefill helper fails while the
+# other helper would compile for ever: the failure names the helper, and the other is stopped.
+_FORKING = """
+import json, sys, time
+from pathlib import Path
+import torch
+from handler.engine import aot, cpp_cache, parallel_compile
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.config import EngineConfig
+from handler.engine.prepare import prepare_model
+
+torch.set_num_threads(1)
+cfg = EngineConfig(Path(sys.argv[1]), dtype="float32", packed_weights="off", max_batch_size=4, max_seq_len=64)
+model = prepare_model(open_checkpoint(cfg.checkpoint_dir), cfg)
+
+def part(model, cfg, part, out):
+    if part.step == "prefill":
+        while not Path(sys.argv[2]).exists():  # the other helper is running
+            time.sleep(0.05)
+        raise RuntimeError("no prefill today")
+    Path(sys.argv[2] + ".tmp").write_text(str(__import__("os").getpid()))
+    Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
+    time.sleep(600)
+
+parallel_compile._compile_part = part
+aot.compile_step = lambda *args: (aot.CompiledStep(model, "decode"), [])
+with cpp_cache.private_build_dirs() as build_dir:
+    try:
+        parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir(), build_dir, fork_threads=2)
+    except aot.AotError as err:
+        print(json.dumps({"error": str(err), "threads": torch.get_num_threads()}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_forked_child_is_an_aot_error_naming_it_and_the_other_is_stopped(tiny_checkpoint, tmp_path):
+    pid_file = tmp_path / "pid"
+    run = subprocess.run([sys.executable, "-c", _FORKING, str(tiny_checkpoint), str(pid_file)], capture_output=True,
+                         text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "compiling prefill in a process of its own" in result["error"] and "exit code 1" in result["error"]
+    assert "compile process (prefill): ERROR" in run.stderr and "no prefill today" in run.stderr
+    assert result["threads"] == 2  # the worker's count once the helpers are forked
+    assert not Path(f"/proc/{pid_file.read_text()}").exists(), "the other helper outlived the failure"
 
 
 class CompiledHere(Exception):
