@@ -253,10 +253,14 @@ def save_graphs(graphs: list[Any], examples: list[Shape], name: StepName, out_di
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, (graph, shape) in enumerate(zip(graphs, examples, strict=True)):
-        path = out_dir / f"{name}-{i}.bin"
+        path = out_dir / _graph_file(name, i)
         graph.save_compiled_function(str(path))
         entries.append(shape.entry(path.name))
     return entries
+
+
+def _graph_file(name: StepName, i: int) -> str:
+    return f"{name}-{i}.bin"
 
 
 def reload(entries: list[dict[str, Any]], folder: Path) -> SavedGraphs:
@@ -280,8 +284,8 @@ def save_artifacts(saved: dict[StepName, SavedGraphs], out_dir: Path, build_dir:
     for name in STEPS:
         index["steps"][name] = []
         for i, (src, shape) in enumerate(zip(saved[name].files, saved[name].examples, strict=True)):
-            shutil.copyfile(src, out_dir / f"{name}-{i}.bin")
-            index["steps"][name].append(shape.entry(f"{name}-{i}.bin"))
+            shutil.copyfile(src, out_dir / _graph_file(name, i))
+            index["steps"][name].append(shape.entry(_graph_file(name, i)))
     if build_dir is not None:
         index["cpp"] = cpp_cache.pack(build_dir, out_dir)
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=1, sort_keys=True))
@@ -293,8 +297,7 @@ def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
     index = read_index(art_dir)
     installed = cpp_cache.install(art_dir, index["cpp"])
     before = cpp_cache.compiled_libraries()
-    steps = {name: CompiledStep(model, name, [load_graph(art_dir / e["file"]) for e in index["steps"][name]])
-             for name in STEPS}
+    steps = serving_steps(model, {name: reload(index["steps"][name], art_dir) for name in STEPS})
     built = len(cpp_cache.compiled_libraries() - before)
     if built:
         # Inductor's kernel key includes the compiler command line (include paths of this Python
@@ -302,10 +305,9 @@ def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
         log.warning("aot: %d C++ libraries the artifact did not carry were compiled at load (it was built "
                     "under another Python/torch install path, or in a process that had compiled before); "
                     "build it where it is served to load in seconds", built)
-    examples = {name: [Shape.of_entry(e) for e in index["steps"][name]] for name in STEPS}
     log.info("aot: loaded %s from %s (%d C++ files installed)",
-             ", ".join(f"{len(steps[n].graphs)} {n} graphs" for n in STEPS), art_dir, installed)
-    return AotSteps(steps["prefill"], steps["decode"], examples)
+             ", ".join(f"{len(steps.step(n).graphs)} {n} graphs" for n in STEPS), art_dir, installed)
+    return steps
 
 
 def read_index(art_dir: Path) -> dict[str, Any]:

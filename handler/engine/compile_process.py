@@ -3,8 +3,9 @@
 A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
 the model's eager steps; this process builds the same model, AOT-compiles every serving shape
 (two of the three graphs in processes forked beside it when there are two cores or more:
-handler.engine.parallel_compile) and installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
-then loads it in the background and switches between two steps (handler.engine.warm_start).
+handler.engine.parallel_compile) and installs a verified artifact in the cache dir exactly as
+`archive.sh --aot` does; the worker then loads it in the background and switches between two
+steps (handler.engine.warm_start).
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
 steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
 serving worker keeps the CPU it needs, with the worker's torch thread count (the compiled
