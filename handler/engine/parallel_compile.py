@@ -16,21 +16,25 @@ there; elsewhere (archive.sh --aot, a blocking cold start in a worker) they star
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
 
-from handler.engine import aot, config, cpp_cache, platform, shapes
+from handler.engine import aot, compile_times, config, cpp_cache, platform, shapes
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile_progress import CompileProgress
+from handler.engine.compile_progress import CompileProgress, SideBySide
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
 from handler.engine.child_process import exit_now, watch_parent
@@ -39,6 +43,7 @@ from handler.engine.prepare import prepare_model
 log = logging.getLogger(__name__)
 
 SHAPES_FILE = "shapes.json"
+REPORT_SECONDS = 15.0  # between the progress lines of the graphs compiling side by side
 
 
 @dataclass(frozen=True)
@@ -88,19 +93,50 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
         return {name: aot.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
                 for name in aot.STEPS}
     outs = [graphs_dir / f"aside-{i}" for i in range(len(ASIDE))]
+    side_by_side = _side_by_side(Path(model_cache_dir), len(model.layers))
     if fork_threads is None:
         children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
     else:
         children = [_fork(model, cfg, part, out, fork_threads) for part, out in zip(ASIDE, outs, strict=True)]
     _set_threads(fork_threads)
     try:
-        here, examples = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
-        decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
-        prefill, general = (_collect(part, child, out) for part, child, out in zip(ASIDE, children, outs, strict=True))
+        with _reporting(side_by_side):  # a thread: started after the fork, as a fork copies none
+            here, examples = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
+            side_by_side.finished(str(HERE), time.monotonic())
+            decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
+            prefill, general = (_collect(part, child, out, side_by_side)
+                                for part, child, out in zip(ASIDE, children, outs, strict=True))
     finally:
         _stop(children)  # this side failed or was interrupted: the children's work is moot
+    compile_times.record(Path(model_cache_dir), len(model.layers), side_by_side.done)
     # decode's general graphs after the batch-1 graph: match() takes the first that accepts a call
     return {"prefill": prefill, "decode": decode + general}
+
+
+def _side_by_side(model_cache_dir: Path, layers: int) -> SideBySide:
+    parts = tuple(str(part) for part in (HERE, *ASIDE))
+    expected, basis = compile_times.expected(model_cache_dir, parts, layers, usable_cores())
+    return SideBySide(parts, time.monotonic(), expected, basis)
+
+
+@contextlib.contextmanager
+def _reporting(side_by_side: SideBySide) -> Iterator[None]:
+    """The parts' progress as one line now and every REPORT_SECONDS until the block ends."""
+    stop = threading.Event()
+
+    def report() -> None:
+        while True:
+            log.info("aot: %s", side_by_side.line(time.monotonic()))
+            if stop.wait(REPORT_SECONDS):
+                return
+
+    thread = threading.Thread(target=report, name="compile progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _set_threads(threads: int | None) -> None:
@@ -147,13 +183,14 @@ def _as_child(part: Part, parent: int, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _collect(part: Part, child: Child, out: Path) -> aot.SavedGraphs:
+def _collect(part: Part, child: Child, out: Path, side_by_side: SideBySide) -> aot.SavedGraphs:
     """A child's graphs once it has exited, loaded (their kernels are in this process's build dir)."""
     if isinstance(child, subprocess.Popen):
         code = child.wait()
     else:
         child.join()
         code = child.exitcode
+    side_by_side.finished(str(part), time.monotonic())
     if code != 0:
         raise aot.AotError(f"compiling {part} in a process of its own (pid {child.pid}) failed with exit code "
                            f"{code}; its error is in the log above, as 'compile process ({part}):'")

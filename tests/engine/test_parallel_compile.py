@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handler.engine import aot, cpp_cache, parallel_compile
+from handler.engine import aot, compile_times, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.prepare import prepare_model
@@ -41,6 +41,9 @@ def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, mod
         steps = aot.serving_steps(model, _compile_steps(model, cfg))
     assert "compiling prefill in a process of its own" in caplog.text
     assert "compiling decode, general in a process of its own" in caplog.text
+    assert "compiling graphs side by side: 0 of 3 done" in caplog.text  # with a time estimate
+    recorded = json.loads((Path(cpp_cache.inductor_cache_dir()) / compile_times.FILE).read_text())
+    assert set(recorded[str(len(model.layers))]) == {"decode, batch 1", "prefill", "decode, general"}  # the next estimate
     err = capfd.readouterr().err  # the children's own log lines
     assert "compile process (prefill):" in err and "compile process (decode, general):" in err
     assert "compiling graph 2 of 3 (prefill, general" in err and "compiling graph 3 of 3 (decode, general" in err
@@ -69,7 +72,7 @@ _FORKING = """
 import json, sys, time
 from pathlib import Path
 import torch
-from handler.engine import aot, cpp_cache, parallel_compile
+from handler.engine import aot, compile_times, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.prepare import prepare_model
