@@ -218,8 +218,7 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     if ports is not None:
         props = with_ports(props, ports)
     props.update(extra_props or {})
-    if "metrics_config" in props:  # relative to the config file it came from, not to workdir
-        props["metrics_config"] = str((Path(ts_config).parent / props["metrics_config"]).resolve())
+    props = with_paths_from(props, Path(ts_config).parent)
     config = workdir / "config.properties"
     write_properties(props, config)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
@@ -233,6 +232,21 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     ts = TorchServe(workdir, ports or ports_from(props), process, model_log_offset=log_offset)
     _wait_for_key_file(ts, props)
     return ts
+
+
+LOG_CONFIG_ARG = "-Dlog4j.configurationFile="
+
+
+def with_paths_from(props: dict[str, str], base: Path) -> dict[str, str]:
+    """`props` with the files they name (metrics_config, vmargs' log configuration) relative to
+    `base`, the config file's directory, made absolute: TorchServe runs in its own workdir here."""
+    props = dict(props)
+    if "metrics_config" in props:
+        props["metrics_config"] = str((base / props["metrics_config"]).resolve())
+    if "vmargs" in props:
+        props["vmargs"] = " ".join(LOG_CONFIG_ARG + str((base / arg.removeprefix(LOG_CONFIG_ARG)).resolve())
+                                   if arg.startswith(LOG_CONFIG_ARG) else arg for arg in props["vmargs"].split())
+    return props
 
 
 def ports_from(props: dict[str, str]) -> Ports:

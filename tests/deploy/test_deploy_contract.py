@@ -117,8 +117,9 @@ def test_token_auth_is_off_because_probes_and_the_service_cannot_send_keys(
 
 
 def test_config_keys_are_known_to_torchserve(ts_props) -> None:
-    """Every key must be one TorchServe 0.12.0's ConfigManager reads; a misspelt key is ignored
-    silently by TorchServe, so check against the strings in its own jar."""
+    """Every key must be one TorchServe 0.12.0's ConfigManager reads, or its `torchserve` launcher
+    (vmargs: the JVM's arguments); a misspelt key is ignored silently by TorchServe, so check
+    against the strings in its own jar and launcher."""
     ts = pytest.importorskip("ts")
     jar = Path(ts.__file__).parent / "frontend" / "model-server.jar"
     if not jar.is_file():
@@ -127,7 +128,8 @@ def test_config_keys_are_known_to_torchserve(ts_props) -> None:
 
     with zipfile.ZipFile(jar) as z:
         cls = z.read("org/pytorch/serve/util/ConfigManager.class")
-    unknown = [k for k in ts_props if k.encode() not in cls]
+    launcher = (Path(ts.__file__).parent / "model_server.py").read_text()
+    unknown = [k for k in ts_props if k.encode() not in cls and f'props.get("{k}")' not in launcher]
     assert unknown == []
 
 
@@ -139,6 +141,7 @@ POD_DIFFERENCES = {
     "grpc_inference_address",
     "disable_token_authorization",
     "metrics_config",
+    "vmargs",  # the log configuration's path, absolute in the image
 }
 
 
@@ -170,6 +173,15 @@ def test_metrics_declaration_is_in_the_image(ts_props) -> None:
     assert source, f"the Dockerfile does not put anything at {path}"
     if REPO_CONFIG.is_file():
         assert parse_properties(REPO_CONFIG.read_text())["metrics_config"] == source
+
+
+def test_log_configuration_is_in_the_image(ts_props) -> None:
+    path = ts_props["vmargs"].removeprefix("-Dlog4j.configurationFile=")
+    assert path.startswith("/"), "relative to the JVM's working directory, which is the image's"
+    source = dockerfile_copies().get(path)
+    assert source, f"the Dockerfile does not put anything at {path}"
+    if REPO_CONFIG.is_file():
+        assert parse_properties(REPO_CONFIG.read_text())["vmargs"] == f"-Dlog4j.configurationFile={source}"
 
 
 def test_startup_probe_outlasts_torchserve_startup_timeout(pod, ts_props, helpers) -> None:

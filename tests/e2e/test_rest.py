@@ -53,3 +53,18 @@ def test_stop_string_ends_generation(server):
 def test_token_auth_is_on(server):
     r = requests.post(f"{server.inference_url}/predictions/llm", json={"prompt": "hi"}, timeout=30)
     assert r.status_code in (400, 401), "a request without the inference key must be refused"
+
+
+def test_the_frontend_logs_no_line_per_decode_step_and_each_line_once(server):
+    """log4j2.xml (config.properties' vmargs): TorchServe's own configuration writes ~9 lines a
+    decode step into ts_log.log, on the cores the engine runs on."""
+    log = server.workdir / "logs" / "ts_log.log"
+    before = log.stat().st_size
+    r = post(server, {"prompt": "Once upon a time", "max_new_tokens": 16, "ignore_eos": True, "stream": True}, stream=True)
+    assert r.status_code == 200 and len([line for line in r.iter_lines() if line]) > 2
+    with log.open() as f:
+        f.seek(before)
+        lines = f.read().splitlines()
+    assert not [line for line in lines if "Backend response time" in line or "Flushing req.cmd" in line]
+    assert not [line for line in lines if "[DEBUG]" in line]
+    assert len(lines) == len(set(lines)), "a line written twice"
