@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from handler.engine import openmp
 from handler.serving.formats import error_body
 from handler.serving.protocol import is_model_list
 from handler.serving.service import BaseService, Incoming, Reply
@@ -48,6 +49,9 @@ class LoopService(BaseService):
         self._inbox.put((inc, delivery))
 
     def start(self) -> None:
+        """From the thread that built the engine: its OpenMP workers are released first, or the
+        engine thread's would be throttled (handler.engine.openmp)."""
+        openmp.release_this_threads_pool()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
