@@ -5,8 +5,9 @@ answers one step for every live request, the frontend sends them all back for th
 mode the frontend hands each request to the worker once and the worker answers when it likes: here
 a thread admits what arrived between two steps, steps the engine and hands every request's pieces
 to its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the
-2-core machine (bench/modes.py) it is no faster than the round trips (0.90-1.00x at 1 client,
-0.97x at 16), so continuous batching stays the default.
+2-core machine (bench/modes.py, bf16, Zen 4), once the loading thread releases its OpenMP workers
+(handler.engine.openmp): 1.12x the round trips' output at 1 client (the frontend's CPU a token
+halves), 0.87x at 16, so continuous batching stays the default.
 
 Requests beyond the engine's slots wait in arrival order. The frontend sends nothing when a
 client goes away, so a request runs to its own end (bounded by its max_new_tokens).
