@@ -15,6 +15,8 @@ import ctypes
 import logging
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 
 OMP_PAUSE_SOFT = 1
@@ -37,4 +39,6 @@ def _loaded_libgomp() -> ctypes.CDLL | None:
     if not maps.exists():
         return None
     paths = {line.split()[-1] for line in maps.read_text().splitlines() if "/libgomp" in line}
-    return ctypes.CDLL(sorted(paths)[0]) if paths else None
+    torch_dir = str(Path(torch.__file__).parent)
+    ours = sorted(paths, key=lambda path: not path.startswith(torch_dir))  # torch's own copy first
+    return ctypes.CDLL(ours[0]) if ours else None
