@@ -40,7 +40,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-
 @dataclass
 class SideBySide:
     """Parts (str(parallel_compile.Part)) compiling side by side, as one progress line: how many

@@ -244,9 +244,15 @@ def with_paths_from(props: dict[str, str], base: Path) -> dict[str, str]:
     if "metrics_config" in props:
         props["metrics_config"] = str((base / props["metrics_config"]).resolve())
     if "vmargs" in props:
-        props["vmargs"] = " ".join(LOG_CONFIG_ARG + str((base / arg.removeprefix(LOG_CONFIG_ARG)).resolve())
-                                   if arg.startswith(LOG_CONFIG_ARG) else arg for arg in props["vmargs"].split())
+        props["vmargs"] = " ".join(_log_config_from(arg, base) for arg in props["vmargs"].split())
     return props
+
+
+def _log_config_from(arg: str, base: Path) -> str:
+    value = arg.removeprefix(LOG_CONFIG_ARG)
+    if value == arg or "://" in value:  # another JVM argument, or a URI (file:///...)
+        return arg
+    return LOG_CONFIG_ARG + str((base / value).resolve())
 
 
 def ports_from(props: dict[str, str]) -> Ports:

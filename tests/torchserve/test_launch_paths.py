@@ -12,9 +12,10 @@ def test_files_the_config_names_are_made_absolute_from_its_directory(tmp_path):
     assert out["vmargs"] == f"-Xmx2g -Dlog4j.configurationFile={tmp_path / 'log4j2.xml'}"
 
 
-def test_absolute_paths_and_other_keys_are_kept(tmp_path):
-    props = {"vmargs": "-Dlog4j.configurationFile=/etc/ts/log4j2.xml", "job_queue_size": "1000"}
-    assert with_paths_from(props, tmp_path) == props
+def test_absolute_paths_uris_and_other_keys_are_kept(tmp_path):
+    for path in ("/etc/ts/log4j2.xml", "file:///etc/ts/log4j2.xml"):
+        props = {"vmargs": f"-Dlog4j.configurationFile={path}", "job_queue_size": "1000"}
+        assert with_paths_from(props, tmp_path) == props
 
 
 def test_the_repository_config_names_a_log_configuration_that_exists():
