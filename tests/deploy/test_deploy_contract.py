@@ -166,22 +166,18 @@ def dockerfile_copies() -> dict[str, str]:
     return out
 
 
-def test_metrics_declaration_is_in_the_image(ts_props) -> None:
-    path = ts_props["metrics_config"]
+LOG_CONFIG_ARG = "-Dlog4j.configurationFile="
+
+
+@pytest.mark.parametrize("key, prefix", [("metrics_config", ""), ("vmargs", LOG_CONFIG_ARG)])
+def test_files_the_pod_config_names_are_in_the_image(ts_props, key, prefix) -> None:
+    """metrics.yaml and log4j2.xml: at absolute paths the Dockerfile copies the repository's files to."""
+    path = ts_props[key].removeprefix(prefix)
     assert path.startswith("/"), "relative to the JVM's working directory, which is the image's"
     source = dockerfile_copies().get(path)
     assert source, f"the Dockerfile does not put anything at {path}"
     if REPO_CONFIG.is_file():
-        assert parse_properties(REPO_CONFIG.read_text())["metrics_config"] == source
-
-
-def test_log_configuration_is_in_the_image(ts_props) -> None:
-    path = ts_props["vmargs"].removeprefix("-Dlog4j.configurationFile=")
-    assert path.startswith("/"), "relative to the JVM's working directory, which is the image's"
-    source = dockerfile_copies().get(path)
-    assert source, f"the Dockerfile does not put anything at {path}"
-    if REPO_CONFIG.is_file():
-        assert parse_properties(REPO_CONFIG.read_text())["vmargs"] == f"-Dlog4j.configurationFile={source}"
+        assert parse_properties(REPO_CONFIG.read_text())[key] == prefix + source
 
 
 def test_startup_probe_outlasts_torchserve_startup_timeout(pod, ts_props, helpers) -> None:

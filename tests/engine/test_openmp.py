@@ -9,13 +9,14 @@ import torch
 
 from handler.engine import openmp
 
-pytestmark = pytest.mark.skipif(openmp._loaded_libgomp() is None, reason="torch's OpenMP is not libgomp here")
+needs_libgomp = pytest.mark.skipif(openmp._loaded_libgomp() is None, reason="torch's OpenMP is not libgomp here")
 
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+@needs_libgomp
 def test_releasing_ends_this_threads_openmp_workers():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -30,3 +31,10 @@ def test_releasing_ends_this_threads_openmp_workers():
         assert torch.ones(1 << 22).sum().item() == 1 << 22  # and the next region starts a pool again
     finally:
         torch.set_num_threads(threads)
+
+
+def test_without_libgomp_nothing_is_released_and_the_log_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(openmp, "_loaded_libgomp", lambda: None)
+    with caplog.at_level("INFO", logger=openmp.__name__):
+        assert openmp.release_this_threads_pool() is False
+    assert "not libgomp" in caplog.text

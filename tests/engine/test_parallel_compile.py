@@ -72,7 +72,7 @@ _FORKING = """
 import json, sys, time
 from pathlib import Path
 import torch
-from handler.engine import aot, compile_times, cpp_cache, parallel_compile
+from handler.engine import aot, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.prepare import prepare_model
