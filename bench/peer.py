@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -124,14 +125,35 @@ def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) ->
 
 
 def sweep_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
-    server = llamacpp.LlamaServer(build["binaries"]["llama-server"], gguf, free_port(), args.threads,
-                                  args.batch_size, args.ctx, tmp / f"llama-server-{precision}.log")
+    server, note = start_llamacpp(precision, build, gguf, args, tmp), None
+    if server is None:
+        # Seen on Sapphire Rapids (2-core VM): every Q8_0 / Q4_1 model segfaults while ggml repacks
+        # it into its AMX buffer (upstream: ggml-org/llama.cpp#20824). Without repacking it runs
+        # its plain AVX-512 quantized kernels; the results say so.
+        note = "llama-server crashed (SIGSEGV) loading the model with weight repacking on; measured with --no-repack"
+        print(f"llama.cpp {precision}: {note}", flush=True)
+        server = start_llamacpp(precision, build, gguf, args, tmp, extra=("--no-repack",))
     try:
-        server.wait_ready()
         runs = measure("llama.cpp", precision, f"{server.url}/v1/completions", {}, args)
     finally:
         server.stop()
-    return {"gguf": gguf.name, "gguf_type": llamacpp.GGUF_TYPES[precision], "args": server.args, "runs": runs}
+    return {"gguf": gguf.name, "gguf_type": llamacpp.GGUF_TYPES[precision], "args": server.args, "note": note,
+            "runs": runs}
+
+
+def start_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path,
+                   extra: tuple[str, ...] = ()) -> llamacpp.LlamaServer | None:
+    """A healthy llama-server, or None when it segfaulted while loading and repacking was on."""
+    server = llamacpp.LlamaServer(build["binaries"]["llama-server"], gguf, free_port(), args.threads,
+                                  args.batch_size, args.ctx, tmp / f"llama-server-{precision}.log", extra)
+    try:
+        server.wait_ready()
+        return server
+    except BaseException as err:
+        server.stop()
+        if isinstance(err, llamacpp.LlamaCppExited) and err.returncode == -signal.SIGSEGV and not extra:
+            return None
+        raise
 
 
 def ratios(pairs: dict, concurrency: list[int]) -> dict:
@@ -233,6 +255,8 @@ def markdown(r: dict, argv: str, out: str) -> str:
     v, ll = r["versions"], r["llama_cpp"]
     ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
     title = "" if out == "peer" else f" ({', '.join(r['pairs'])} only)"
+    notes = "".join(f"\n*llama.cpp {p}*: {pair['llama.cpp']['note']}." for p, pair in r["pairs"].items()
+                    if (pair.get("llama.cpp") or {}).get("note"))
     return f"""## Side by side with llama.cpp (llama-server){title}
 
 Command: `.venv/bin/python bench/peer.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
@@ -243,7 +267,7 @@ file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serv
 {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
 *ours*: `--batching {r.get('batching', 'continuous')}`, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
-`cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.
+`cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.{notes}
 
 | precision | system | clients | requests | errors | output tok/s | TTFT p50/p99 s | ours / llama.cpp tok/s |
 |---|---|---|---|---|---|---|---|

@@ -39,6 +39,12 @@ class LlamaCppError(RuntimeError):
     pass
 
 
+class LlamaCppExited(LlamaCppError):
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode  # negative: killed by that signal (-11: a segfault)
+
+
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ts-llm" / "llama.cpp"
@@ -171,10 +177,11 @@ def ensure_ggufs(build: dict, precisions: list[str]) -> dict[str, Path]:
 class LlamaServer:
     """llama-server on loopback: -np slots, a shared context of ctx tokens, `cores` threads."""
 
-    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path):
+    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path,
+                 extra: tuple[str, ...] = ()):
         self.url = f"http://127.0.0.1:{port}"
         cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(cores),
-               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui"]
+               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui", *extra]
         self.args = [gguf.name if a == str(gguf) else a for a in cmd[1:]]  # for the results: no machine path
         self.log = log
         self._out = log.open("w")
@@ -184,7 +191,7 @@ class LlamaServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LlamaCppError(f"llama-server exited ({self.proc.returncode}); see {self.log}")
+                raise LlamaCppExited(f"llama-server exited ({self.proc.returncode}); see {self.log}", self.proc.returncode)
             try:
                 if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
                     return
