@@ -5,12 +5,14 @@ answers one step for every live request, the frontend sends them all back for th
 mode the frontend hands each request to the worker once and the worker answers when it likes: here
 a thread admits what arrived between two steps, steps the engine and hands every request's pieces
 to its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the
-2-core machine (bench/modes.py, bf16, Zen 4), once the loading thread releases its OpenMP workers
-(handler.engine.openmp): 1.12x the round trips' output at 1 client (the frontend's CPU a token
-halves), 0.87x at 16, so continuous batching stays the default.
+2-core machines, once the loading thread releases its OpenMP workers (handler.engine.openmp):
+on Zen 4 (bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a
+token halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py) 1.4-1.6x at 1 client and 1.2-1.5x
+at 16. Continuous batching stays the default for what this mode lacks: the frontend sends nothing
+when a client goes away, so a request runs to its own end (bounded by its max_new_tokens); and gRPC
+gets its answer in one reply, as in continuous mode (token by token needs dynamic mode).
 
-Requests beyond the engine's slots wait in arrival order. The frontend sends nothing when a
-client goes away, so a request runs to its own end (bounded by its max_new_tokens).
+Requests beyond the engine's slots wait in arrival order.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 class Delivery:
     """Where one request's replies go; both are called from the engine thread."""
     piece: Callable[[Reply], None]  # a streamed piece of an HTTP response (more=True)
-    done: Callable[[Reply], None]  # the last reply, exactly once: whole (more=None) or the stream's end
+    done: Callable[[Reply], None]  # the last reply, exactly once: whole (more=None) or the stream's end (or gRPC's one)
 
 
 class LoopService(BaseService):
@@ -111,7 +113,8 @@ class LoopService(BaseService):
         ctype = live.fmt.content_type(live.req.stream)
         if live.finish_reason is not None:
             del self.live[request_id], self._deliveries[request_id]
-            more = False if live.opened else None
+            # gRPC: one reply that ends its stream (StreamPredictions waits for that), as in continuous mode
+            more = False if live.opened or not live.http else None
             delivery.done(self.cut_reply(live) if live.cut else Reply(self._whole(live), content_type=ctype, more=more))
         elif live.http and live.req.stream and live.pending:
             body, live.pending, live.opened = "".join(live.pending), [], True

@@ -32,6 +32,15 @@ def test_stream_predictions_in_continuous_mode_end_with_the_final_piece(server, 
     assert "".join(p["text"] for p in pieces) == whole["text"]
 
 
+def test_stream_predictions_in_async_mode_end(async_server, grpc_stubs):
+    body = {"prompt": "Hello, my name is", "max_new_tokens": 8, "ignore_eos": True}
+    replies = call(async_server, grpc_stubs, "StreamPredictions", {**body, "stream": True})
+    pieces = [json.loads(line) for r in replies for line in r.prediction.decode().splitlines()]
+    assert pieces[-1]["finish_reason"] == "length"
+    whole = json.loads(call(async_server, grpc_stubs, "Predictions", body)[0].prediction)
+    assert "".join(p["text"] for p in pieces) == whole["text"]
+
+
 def test_stream_predictions_token_by_token_in_dynamic_mode(dynamic_server, grpc_stubs):
     replies = call(dynamic_server, grpc_stubs, "StreamPredictions", {"prompt": "One, two,", "max_new_tokens": 8, "stream": True})
     assert len(replies) > 2, "each decode step arrives as its own gRPC message"

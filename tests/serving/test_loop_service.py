@@ -71,11 +71,12 @@ def test_a_stream_is_pieces_then_its_end():
     assert json.loads(rec.final.body)["text"] == "d" and rec.final.more is False
 
 
-def test_a_grpc_stream_is_answered_whole():
+def test_a_grpc_stream_is_answered_whole_in_a_reply_that_ends_it():
     svc = service()
     rec = submit(svc, "a", req("a", n=3, stream=True), http=False)
     run(svc, rec)
     assert rec.pieces == [] and [json.loads(line)["text"] for line in rec.final.body.splitlines()] == ["b", "c", "d"]
+    assert rec.final.more is False  # TorchServe completes a gRPC StreamPredictions call only on that
 
 
 def test_requests_beyond_the_slots_wait_their_turn():
