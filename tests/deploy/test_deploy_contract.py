@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from handler.torchserve.launch import LOG_CONFIG_ARG
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 CONFIG_PROPERTIES = K8S / "common" / "config.properties"
@@ -164,9 +166,6 @@ def dockerfile_copies() -> dict[str, str]:
             words = [w for w in line.split()[1:] if not w.startswith("--")]
             out[words[-1]] = words[0]
     return out
-
-
-LOG_CONFIG_ARG = "-Dlog4j.configurationFile="
 
 
 @pytest.mark.parametrize("key, prefix", [("metrics_config", ""), ("vmargs", LOG_CONFIG_ARG)])
