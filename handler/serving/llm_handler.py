@@ -101,7 +101,7 @@ class LLMHandler(BaseHandler):
                 self.service.engine.cancel(inc.request_id)
                 self.service.live.pop(inc.request_id, None)
             raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
-        return _apply(replies, context, mark_ends=isinstance(self.service, ContinuousService))
+        return _apply(replies, context)
 
     async def _handle_async(self, data, context) -> list[str]:
         # Each request goes to the engine thread, which sends its streamed pieces itself; the
@@ -114,7 +114,7 @@ class LLMHandler(BaseHandler):
             delivery = Delivery(piece=lambda reply, i=idx: _send_partial({i: reply}, context),
                                 done=lambda reply, f=final: loop.call_soon_threadsafe(f.set_result, reply))
             self.service.submit(_incoming(idx, row, context), delivery)
-        return _apply(list(await asyncio.gather(*finals)), context, mark_ends=True)
+        return _apply(list(await asyncio.gather(*finals)), context)
 
 
 def _served_eager(sink: TorchServeSink) -> None:
@@ -134,15 +134,15 @@ def _incoming(idx: int, row: dict, context) -> Incoming:
     return Incoming(context.get_request_id(idx), body, http, headers.get("url_path", "") or "")
 
 
-def _apply(replies: list[Reply], context, mark_ends: bool) -> list[str]:
+def _apply(replies: list[Reply], context) -> list[str]:
     for idx, reply in enumerate(replies):
         if reply.status != 200:
             context.set_response_status(reply.status, _phrase(reply.status), idx)
         context.set_response_content_type(idx, reply.content_type)
-    if mark_ends:
-        # TorchServe asks each criterion "is this request done?" to set ts_stream_next; None means
-        # a whole (non-chunked) response. gRPC StreamPredictions ends only on "false" (more=False).
-        context.stopping_criteria = [_criterion(r.more) for r in replies]
+    # TorchServe asks each criterion "is this request done?" to set ts_stream_next ("true": more
+    # to come, in continuous mode; "false": the end, which gRPC StreamPredictions needs in every
+    # mode); None means a whole (non-chunked) response.
+    context.stopping_criteria = [_criterion(r.more) for r in replies]
     return [r.body for r in replies]
 
 

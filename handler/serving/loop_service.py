@@ -111,15 +111,12 @@ class LoopService(BaseService):
 
     def _deliver(self, request_id: str) -> None:
         live, delivery = self.live[request_id], self._deliveries[request_id]
-        ctype = live.fmt.content_type(live.req.stream)
         if live.finish_reason is not None:
             del self.live[request_id], self._deliveries[request_id]
-            # gRPC: one reply that ends its stream (StreamPredictions waits for that), as in continuous mode
-            more = False if live.opened or not live.http else None
-            delivery.done(self.cut_reply(live) if live.cut else Reply(self._whole(live), content_type=ctype, more=more))
+            delivery.done(self.last_reply(live))
         elif live.http and live.req.stream and live.pending:
             body, live.pending, live.opened = "".join(live.pending), [], True
-            delivery.piece(Reply(body, content_type=ctype, more=True))
+            delivery.piece(Reply(body, content_type=live.fmt.content_type(True), more=True))
 
     def _fail_running(self, message: str) -> None:
         for request_id, delivery in self._deliveries.items():

@@ -13,6 +13,8 @@ Transport rules come from TorchServe 0.12.0's frontend:
 - gRPC (no HTTP headers): in continuous mode the frontend completes a unary call on its first
   reply and drops a stream after its first reply, so gRPC requests are finished inside the call
   that admits them (one reply, `more=False`). Token-by-token gRPC streaming needs dynamic mode.
+  In every mode a gRPC call's last reply is `more=False` (`last_reply`): StreamPredictions ends on
+  nothing else, and a stream's only reply without it makes the frontend fail the worker.
 """
 from __future__ import annotations
 
@@ -108,6 +110,15 @@ class BaseService:
         if not live.req.stream:  # a whole answer riding a chunked response: its body is the error
             return Reply(error_body(CUT_MESSAGE, 503), content_type=ctype, more=False)
         return Reply("".join(live.pending) + live.fmt.error_event(CUT_MESSAGE, 503), content_type=ctype, more=False)
+
+    def last_reply(self, live: Live) -> Reply:
+        """A finished request's last reply. more=False ends a chunked HTTP response and any gRPC
+        call: TorchServe completes StreamPredictions on nothing else, and its frontend fails the
+        worker on a stream's reply that says neither; None is a whole HTTP response."""
+        if live.cut:
+            return self.cut_reply(live)
+        return Reply(self._whole(live), content_type=live.fmt.content_type(live.req.stream),
+                     more=False if live.opened or not live.http else None)
 
     def _admit(self, inc: Incoming) -> Reply | None:
         """Parse and add to the engine; a Reply when the request is refused, or asks nothing of the engine."""
@@ -261,12 +272,8 @@ class ContinuousService(BaseService):
         ctype = live.fmt.content_type(live.req.stream)
         if done:
             del self.live[request_id]
-        if live.cut:
-            return self.cut_reply(live)
-        if not live.http:
-            return Reply(self._whole(live), content_type=ctype, more=False)
-        if done and not live.opened:
-            return Reply(self._whole(live), content_type=ctype, more=None)
+        if live.cut or not live.http or (done and not live.opened):
+            return self.last_reply(live)
         live.opened = True
         if not live.req.stream:
             # A non-streaming HTTP client still rides the chunked response: empty pieces until the end.
@@ -301,8 +308,4 @@ class DynamicService(BaseService):
         return [refused.get(i) or self._final(inc.request_id) for i, inc in enumerate(batch)]
 
     def _final(self, request_id: str) -> Reply:
-        live = self.live.pop(request_id)
-        if live.cut:
-            return self.cut_reply(live)
-        return Reply(self._whole(live), content_type=live.fmt.content_type(live.req.stream),
-                     more=False if live.opened else None)
+        return self.last_reply(self.live.pop(request_id))

@@ -55,3 +55,8 @@ def test_grpc_without_token_is_refused(server, grpc_stubs):
         with pytest.raises(grpc.RpcError) as err:
             stub.Predictions(pb.PredictionsRequest(model_name="llm", input={"data": b'{"prompt": "hi"}'}), timeout=30)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_one_step_stream_in_dynamic_mode_ends(dynamic_server, grpc_stubs):
+    replies = call(dynamic_server, grpc_stubs, "StreamPredictions", {"prompt": "One, two,", "max_new_tokens": 1, "stream": True})
+    assert [json.loads(line)["finish_reason"] for r in replies for line in r.prediction.decode().splitlines()][-1] == "length"

@@ -141,6 +141,11 @@ def test_dynamic_mode_streams_through_the_callback_and_returns_finals(engine):
     assert finals[2].status == 400 and engine.running == 0
 
 
+def test_dynamic_mode_ends_a_grpc_stream_answered_in_one_step(engine):
+    finals = DynamicService(engine, LIMITS, RecordingSink()).handle([Incoming("g", req(n=1, stream=True), False)], [].append)
+    assert finals[0].more is False  # without it TorchServe's frontend fails the worker
+
+
 def test_streamed_logprobs_join_to_the_whole_answers(engine):
     """Each streamed piece carries the log-probabilities of the tokens since the previous one
     (held-back text included), so together they are the whole answer's, one per token."""
