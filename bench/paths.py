@@ -29,7 +29,7 @@ from common import RESULTS, best_seconds, previous_profiles, versions, write_jso
 from handler.engine import aot, packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.engine.model import Linear  # noqa: E402
+from handler.engine.linear import Linear  # noqa: E402
 
 ROWS = (1, 2, 8, 32, 128)
 REPEATS = 5  # every time is the best of this many

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-FORMAT = 8  # bump when the layout below changes (7: packed quantized weights; 8: prefill from any position); it is part of the artifact's cache key
+FORMAT = 9  # bump when the layout below changes (7: packed quantized weights; 8: prefill from any position; 9: bf16 single rows call ts_llm::bf16_linear); it is part of the artifact's cache key
 
 
 class AotError(RuntimeError):
@@ -159,7 +159,7 @@ def expected_graphs(step: StepName, kinds: tuple[GraphKind, ...] = KINDS) -> int
 def single_shapes(step: StepName, cfg: EngineConfig, sizes: set[int]) -> list[Shape]:
     """The example of decode's batch-1 graph (one sequence decoding alone): the batch is
     specialized to 1, the window stays a symbol, so one graph serves every window. Its
-    projections compile to matrix-vector kernels (model.Linear), ~2x aten's mm there. Compiled
+    projections compile to matrix-vector kernels (linear.Linear), ~2x aten's mm there. Compiled
     first, it is what match() picks for batch 1. One graph, not one static graph per window:
     measured on AVX2 (default model, GGUF) as fast (15.7 vs 18.5 ms a step at window 256) for
     ~1/4 of the compile time at 2048 positions; with bf16 weights ~9% slower (25.7 vs 23.6 ms)."""

@@ -13,13 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from torch._inductor import inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
-
-from handler.engine import packed
-from handler.engine.quant import ops as quant_ops
-from handler.engine.quant.layout import QuantizedWeight
+from handler.engine.linear import Linear
 
 
 @dataclass(frozen=True)
@@ -40,65 +35,6 @@ class ModelArgs:
     # Sliding-window attention (Mistral-style): each position sees only the last this-many. Not
     # implemented: a context longer than the window is refused (checkpoint.check_context).
     sliding_window: int | None = None
-
-
-class Linear(nn.Linear):
-    """nn.Linear that, when compiled for a single row (decode at batch 1), is written as a
-    matrix-vector product Inductor generates itself: a vectorized reduction streaming the bf16
-    weight once, parallel over output features. aten's mm reaches ~9 GB/s on that shape here
-    (its GEMM setup is sized for many rows); the reduction ~2x that. Eager calls do not use the
-    reduction form: it would materialize [N, K] there.
-
-    After pack() every other call goes through oneDNN's packed copy of the weight
-    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
-
-    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight,
-    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which reads the quantized
-    bytes at any row count, and pack() keeps no copy."""
-
-    packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
-
-    def quantize(self, w: QuantizedWeight) -> None:
-        del self.weight
-        self.register_buffer("q", w.q)
-        self.register_buffer("d", w.d)
-        self.register_buffer("m", w.m)
-
-    @property
-    def quantized(self) -> QuantizedWeight | None:
-        q = self._buffers.get("q")
-        return None if q is None else QuantizedWeight(q, self._buffers["d"], self._buffers["m"])
-
-    def pack(self, dtype: torch.dtype) -> None:
-        if self.quantized is None:
-            packed.pack(self.weight, dtype)
-            self.packed_dtype = dtype
-
-    def forward(self, x: Tensor) -> Tensor:
-        w = self.quantized
-        if w is not None:
-            return quant_ops.quantized_linear(x, w, self.bias)
-        # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
-        if torch.compiler.is_compiling() and guard_or_false(x.shape[:-1].numel() == 1):
-            # x: [..., K] with one row; weight: [N, K]. fp32 accumulation, as mm's.
-            y = (_materialized(x.reshape(1, -1).float()) * self.weight.float()).sum(-1)
-            if self.bias is not None:
-                y = y + self.bias.float()
-            return y.to(x.dtype).reshape(*x.shape[:-1], -1)
-        # A single row streams the weights: a copy in a wider dtype (float32 of bf16 weights, on
-        # AVX2) would read twice the bytes, so eager single rows keep the plain weight.
-        if self.packed_dtype is not None and not (self.packed_dtype.itemsize > self.weight.element_size()
-                                                  and guard_or_false(x.shape[:-1].numel() == 1)):
-            return packed.packed_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-
-def _materialized(x: Tensor) -> Tensor:
-    """x, computed into a buffer of its own in a compiled graph. Inductor otherwise inlines the
-    producer of a matrix-vector product's input (RMSNorm, the residual adds, the embedding
-    gather) into the reduction's inner loop, recomputing it once per output feature: on AVX2 a
-    batch-1 decode step took 33 ms with that and 19 ms without (default model, 2 threads)."""
-    return torch.ops.prims.inductor_force_stride_order(x, x.stride())
 
 
 class KVCache(nn.Module):
@@ -290,6 +226,13 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack(dtype)
+
+    def use_matvec(self) -> None:
+        """Single rows through ts_llm::bf16_linear in every projection that has CPU bf16 weights
+        (its kernel must be loaded: handler.engine.kernels.build)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.use_matvec()
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
         dtype, device = self.tok_embeddings.weight.dtype, self.tok_embeddings.weight.device

@@ -87,3 +87,4 @@ def test_pickle_only_checkpoint_is_refused(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(CheckpointError, match="pickle weights are not loaded"):
         open_checkpoint(tmp_path)
+

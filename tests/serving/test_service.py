@@ -18,7 +18,7 @@ LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8
 @pytest.fixture(scope="module")
 def engine(default_checkpoint):
     # Float weights: these tests compare a request's tokens in a batch with its tokens alone, which
-    # quantized weights do not promise (one row rounds x to int8, several rows do not: kernels.c).
+    # quantized weights do not promise (one row rounds x to int8, several rows do not: kernels/quantized.c).
     cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=128,
                        quantization="none")
     return build_engine(cfg).engine

@@ -1,8 +1,6 @@
-"""Weight-only quantized projections: int8 and int4 weights that decode streams as they are.
+"""Weight-only quantized projections: int8 and int4 weights that decode streams as they are (their
+CPU kernels: handler.engine.kernels.quantized.c, x rounded to int8 per block of 32).
 
-    kernels.c   the CPU kernels: integer dot products on the quantized bytes, 8 weight rows per
-                vector instruction (weights packed for them: layout.py), x rounded to int8 per block
-    kernel.py   builds them with Inductor's C++ toolchain and flags, once per process
     ops.py      `ts_llm::quantized_linear`, the op the model's graphs call, and `dequantize`
     layout.py   QuantizedWeight: the tensors one projection keeps, their checks and the kernels' packing
     rtn.py      round-to-nearest quantization of float weights (int8 per channel, int4 by group)

@@ -15,8 +15,10 @@ import torch
 
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.model import Linear, Transformer
-from handler.engine.quant import kernel, ops
+from handler.engine.linear import Linear
+from handler.engine.model import Transformer
+from handler.engine.kernels import build
+from handler.engine.quant import ops
 from handler.engine.quant.gguf import GGUFWeights
 from handler.engine.quant.layout import QuantizationError, QuantizedWeight
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
@@ -52,7 +54,7 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
         embedding = model.tok_embeddings.weight
         model.tok_embeddings.weight = torch.nn.Parameter(ops.dequantize(gguf.embedding()).to(embedding.dtype),
                                                          requires_grad=False)
-    kernel.load()  # built now (~15 s the first time on a machine), not during the first request
+    build.load()  # built now (~15 s the first time on a machine), not during the first request
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
 
 

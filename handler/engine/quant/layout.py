@@ -8,7 +8,7 @@
 float16 scales are what GGUF stores, so its tensors are taken bit for bit; a group is a whole
 number of 32-weight blocks (the kernels' unit).
 
-pack() reorders the same bytes into the CPU kernels' layout (kernels.c: rows in groups of 8, the
+pack() reorders the same bytes into the CPU kernels' layout (handler/engine/kernels/quantized.c: rows in groups of 8, the
 8 rows of each 32-column block interleaved every 4 columns; q [N/8, K/32, 256 or 128], d and m
 [N/8, K/G, 8]); unpack() reverses it. A packed weight is what a model keeps on CPU."""
 from __future__ import annotations

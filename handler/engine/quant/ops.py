@@ -1,7 +1,7 @@
 """`ts_llm::quantized_linear`: F.linear with a QuantizedWeight, the op the compiled graphs call.
 
-Opaque to Inductor (like handler.engine.packed's op). On CPU its kernel is C++ (kernel.py builds
-torch_op.cpp with kernels.c), which takes weights in its own layout (QuantizedWeight.pack()) and
+Opaque to Inductor (like handler.engine.packed's op). On CPU its kernel is C++ (handler.engine.kernels:
+quantized.c), which takes weights in its own layout (QuantizedWeight.pack()) and
 reads the quantized bytes directly at any row count, once per call: integer dot products with x
 rounded to int8 per block of 32, each row computed as a lone row is. Quantized weights get no
 oneDNN-packed float copy (a float32 copy of every weight: 6x the int4 bytes). Elsewhere (CUDA) the op
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handler.engine.quant import kernel
+from handler.engine.kernels import build
 from handler.engine.quant.layout import QuantizedWeight, int4_values
 
 _lib = torch.library.Library("ts_llm", "FRAGMENT")
@@ -43,7 +43,7 @@ _lib.impl("quantized_linear", _dequantizing, "CUDA")
 @torch.library.register_fake("ts_llm::quantized_linear")
 def _(x: Tensor, q: Tensor, d: Tensor, m: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
     if x.device.type == "cpu":
-        kernel.load()  # a graph being traced will call the CPU kernel
+        build.load()  # a graph being traced will call the CPU kernel
     return x.new_empty(*x.shape[:-1], QuantizedWeight(q, d, m).shape[0])
 
 
@@ -51,6 +51,7 @@ def quantized_linear(x: Tensor, w: QuantizedWeight, bias: Tensor | None = None) 
     """F.linear(x, dequantize(w), bias), computed from the quantized bytes in float32: x is cast
     here, where a compiled graph fuses the casts into the neighbouring kernels."""
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
-        kernel.load()  # (cached) eager calls; tracing loads it in the fake, model loading in apply
+        build.load()  # (cached) eager calls; tracing loads it in the fake, model loading in apply
     bias = None if bias is None else bias.float()  # the CPU kernel adds a float32 bias
     return torch.ops.ts_llm.quantized_linear(x.float(), w.q, w.d, w.m, bias).to(x.dtype)
+

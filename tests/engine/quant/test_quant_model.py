@@ -20,7 +20,7 @@ def _logits(model, tokens):
         return model.prefill(tokens, torch.tensor([0]), torch.tensor([0]), torch.tensor([t - 1]), -(-t // 64) * 64)
 
 
-# The kernels round every row of x to int8 per block of 32 (kernels.c), in every projection of
+# The kernels round every row of x to int8 per block of 32 (kernels/quantized.c), in every projection of
 # every layer: logits of magnitude ~1 move by up to ~1.2e-2 here (int4, measured); float32
 # rounding alone, ~1e-5.
 ROUNDED_X_ATOL = 2.5e-2

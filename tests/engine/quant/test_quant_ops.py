@@ -1,4 +1,4 @@
-"""ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels.c: one row, several
+"""ts_llm::quantized_linear against x @ dequantize(w).T, on every path of kernels/quantized.c: one row, several
 rows (3x4 tiles and edges), the packed layout it reads, and the checks that keep bad tensors out of C."""
 from __future__ import annotations
 

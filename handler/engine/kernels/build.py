@@ -1,5 +1,6 @@
-"""The CPU kernels (kernels.c) and the op's C++ entry (torch_op.cpp), built and loaded once per
-process with Inductor's C++ toolchain; loading registers ts_llm::quantized_linear's CPU kernel.
+"""The CPU kernels (quantized.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built and
+loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
+ts_llm::quantized_linear and ts_llm::bf16_linear (their schemas may be defined before or after).
 
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
 AVX2 machine and AVX-512 where the profile allows it. The build (~3 s: the op's entry is written
@@ -14,17 +15,17 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("torch_op.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized.c", "matvec.c", "torch_op.cpp"))
 
 
 class KernelBuildError(RuntimeError):
-    """The quantized kernels could not be built (no C compiler?); the message has the compiler's."""
+    """The CPU kernels could not be built (no C compiler?); the message has the compiler's."""
 
 
 @functools.cache
 def load() -> None:
-    """Build (or find in the cache) and load the kernels: from then on the op runs on CPU tensors.
-    The op's schema must be defined first (ops.py, whose wrapper and fake call this)."""
+    """Build (or find in the cache) and load the kernels: from then on the ops run on CPU tensors
+    (their wrappers and fakes call this; so does preparing a model whose graphs will)."""
     from torch._inductor.codecache import CppCodeCache
 
     from handler.engine import platform
@@ -35,5 +36,5 @@ def load() -> None:
         # needs_vec_isa: the profile's vector ISA flags
         CppCodeCache.load("\n".join(p.read_text() for p in SOURCES), needs_vec_isa=True)
     except Exception as err:  # Inductor raises its own CppCompileError (and OSError without a compiler)
-        raise KernelBuildError(f"building the quantized kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
-    log.info("quantized kernels loaded in %.1f s", time.perf_counter() - start)
+        raise KernelBuildError(f"building the CPU kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
+    log.info("CPU kernels loaded in %.1f s", time.perf_counter() - start)

@@ -1,10 +1,10 @@
-/* The CPU kernel of ts_llm::quantized_linear (schema in ops.py), registered with the dispatcher
- * from C++: compiled graphs call it 121 times a decode step (default model), and a Python kernel
- * cost ~30 us a call there (dispatcher into Python, argument boxing, ctypes) against ~3 us here.
+/* The CPU kernels of ts_llm::quantized_linear (schema in quant/ops.py) and ts_llm::bf16_linear
+ * (kernels/matvec.py), registered with the dispatcher from C++: compiled graphs call them 121 times
+ * a decode step (default model), and a Python kernel cost ~30 us a call there (dispatcher into Python, argument boxing, ctypes) against ~3 us here.
  * Written against torch's stable ABI (torch/csrc/stable and the AOTI C shim), whose headers build
  * in ~1 s where ATen's took ~8 s of every new instance's start; the output is allocated through
  * the shim (no dispatcher round trip) and the bias added here, so a call makes no boxed op call.
- * Appended to kernels.c and built with it (kernel.py). */
+ * Appended to quantized.c and matvec.c and built with them (build.py). */
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -35,6 +35,13 @@ Tensor empty_rows(const Tensor &x, int64_t N) {
     STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(x.dim(), sizes.data(), strides.data(), aoti_torch_dtype_float32(),
                                                            aoti_torch_device_type_cpu(), 0, &handle));
     return Tensor(handle);
+}
+
+void add_bias(float *out, const std::optional<Tensor> &bias, int64_t M, int64_t N) {
+    if (!bias) return;
+    const float *b = static_cast<const float *>(bias->const_data_ptr());
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t c = 0; c < N; c++) out[r * N + c] += b[c];
 }
 
 Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> m, std::optional<Tensor> bias) {
@@ -70,14 +77,37 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
                                 static_cast<const uint16_t *>(d.const_data_ptr()),
                                 m ? static_cast<const uint16_t *>(m->const_data_ptr()) : nullptr, out, M, N, K,
                                 K / d.size(1), static_cast<int>(torch::stable::get_num_threads()));
-    if (bias) {
-        const float *b = static_cast<const float *>(bias->const_data_ptr());
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t c = 0; c < N; c++) out[r * N + c] += b[c];
-    }
+    add_bias(out, bias, M, N);
+    return y;
+}
+
+Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
+    // x [..., K] float32, w [N, K] bfloat16 (row-major), bias float32 [N]
+    STD_TORCH_CHECK(x.dim() > 0 && x.scalar_type() == ScalarType::Float,
+                    "bf16_linear: x must be float32 with a feature dimension, got ", x.scalar_type(), " ", shape_of(x));
+    STD_TORCH_CHECK(w.dim() == 2 && w.scalar_type() == ScalarType::BFloat16 && w.is_contiguous()
+                        && w.size(1) == x.size(-1),
+                    "bf16_linear: w must be contiguous bfloat16 [N, ", x.size(-1), "], got ", w.scalar_type(), " ",
+                    shape_of(w));
+    const int64_t K = w.size(1), N = w.size(0);
+    STD_TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == ScalarType::Float && bias->is_contiguous()
+                                          && bias->numel() == N),
+                    "bf16_linear: bias must be contiguous float32 [N]");
+    const Tensor rows = x.is_contiguous() ? x : torch::stable::contiguous(x);
+    const int64_t M = K ? rows.numel() / K : 0;
+    Tensor y = empty_rows(x, N);
+    float *out = static_cast<float *>(y.mutable_data_ptr());
+    if (M > 0)
+        ts_llm_bf16_linear(static_cast<const float *>(rows.const_data_ptr()),
+                           static_cast<const uint16_t *>(w.const_data_ptr()), out, M, N, K,
+                           static_cast<int>(torch::stable::get_num_threads()));
+    add_bias(out, bias, M, N);
     return y;
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(ts_llm, CPU, lib) { lib.impl("quantized_linear", TORCH_BOX(&quantized_linear_cpu)); }
+STABLE_TORCH_LIBRARY_IMPL(ts_llm, CPU, lib) {
+    lib.impl("quantized_linear", TORCH_BOX(&quantized_linear_cpu));
+    lib.impl("bf16_linear", TORCH_BOX(&bf16_linear_cpu));
+}

@@ -1,0 +1,83 @@
+"""The projections' layer: one nn.Linear whose calls take the fastest route for their shape and
+weights (quantized kernels, our bf16 matrix-vector kernel, Inductor's reduction, oneDNN's packed
+copies, aten)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch._inductor import inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from handler.engine import packed
+from handler.engine.kernels import matvec
+from handler.engine.quant import ops as quant_ops
+from handler.engine.quant.layout import QuantizedWeight
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose single rows (decode at batch 1) stream the weight once. After
+    use_matvec() (CPU bf16 weights) they call ts_llm::bf16_linear (handler.engine.kernels.matvec),
+    compiled or not. Otherwise, when compiled, they are written as a matrix-vector product
+    Inductor generates itself: a vectorized reduction parallel over output features. aten's mm
+    reaches ~9 GB/s on that shape here (its GEMM setup is sized for many rows); the reduction ~2x
+    that. Eager calls do not use the reduction form: it would materialize [N, K] there.
+
+    After pack() every other call goes through oneDNN's packed copy of the weight
+    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
+
+    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight,
+    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which reads the quantized
+    bytes at any row count, and pack() keeps no copy."""
+
+    packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
+    matvec: bool = False  # set by use_matvec(): single rows call ts_llm::bf16_linear
+
+    def quantize(self, w: QuantizedWeight) -> None:
+        del self.weight
+        self.register_buffer("q", w.q)
+        self.register_buffer("d", w.d)
+        self.register_buffer("m", w.m)
+
+    @property
+    def quantized(self) -> QuantizedWeight | None:
+        q = self._buffers.get("q")
+        return None if q is None else QuantizedWeight(q, self._buffers["d"], self._buffers["m"])
+
+    def pack(self, dtype: torch.dtype) -> None:
+        if self.quantized is None:
+            packed.pack(self.weight, dtype)
+            self.packed_dtype = dtype
+
+    def use_matvec(self) -> None:
+        if self.quantized is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":
+            self.matvec = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.quantized
+        if w is not None:
+            return quant_ops.quantized_linear(x, w, self.bias)
+        # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
+        one_row = guard_or_false(x.shape[:-1].numel() == 1)
+        if self.matvec and one_row:
+            return matvec.bf16_linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling() and one_row:
+            # x: [..., K] with one row; weight: [N, K]. fp32 accumulation, as mm's.
+            y = (_materialized(x.reshape(1, -1).float()) * self.weight.float()).sum(-1)
+            if self.bias is not None:
+                y = y + self.bias.float()
+            return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+        # A single row streams the weights: a copy in a wider dtype (float32 of bf16 weights, on
+        # AVX2) would read twice the bytes, so eager single rows keep the plain weight.
+        if self.packed_dtype is not None and not (self.packed_dtype.itemsize > self.weight.element_size() and one_row):
+            return packed.packed_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+
+def _materialized(x: Tensor) -> Tensor:
+    """x, computed into a buffer of its own in a compiled graph. Inductor otherwise inlines the
+    producer of a matrix-vector product's input (RMSNorm, the residual adds, the embedding
+    gather) into the reduction's inner loop, recomputing it once per output feature: on AVX2 a
+    batch-1 decode step took 33 ms with that and 19 ms without (default model, 2 threads)."""
+    return torch.ops.prims.inductor_force_stride_order(x, x.stride())
