@@ -8,7 +8,8 @@ Two parts, on the default model's real weights, 2 threads unless --threads:
 - several rows (batched decode, prefill): one pass through all 211 projections (30 layers x
   q/k/v, o, gate/up, down + the output head) at 1..128 rows, for each way this profile can run
   them: plain bf16 or float32 `F.linear`, and oneDNN-packed bf16 or float32 copies;
-- one row (batch-1 decode): a `torch.compile`d decode step with bf16 and with float32 weights.
+- one row (batch-1 decode): a `torch.compile`d decode step with bf16 weights through our
+  matrix-vector kernel and through Inductor's reduction, and with float32 weights.
 
 Writes docs/results/paths.json (`profiles.<name>`: the latest run of each profile) and
 docs/results/paths.png, and the "Per CPU profile" section of docs/benchmarks.md.
@@ -28,6 +29,7 @@ from common import RESULTS, best_seconds, previous_profiles, versions, write_jso
 
 from handler.engine import aot, packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
+from handler.engine.kernels import build  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.engine.linear import Linear  # noqa: E402
 
@@ -74,10 +76,19 @@ def projections_ms(weights: list[torch.Tensor], dtype: str, packing: str, rows: 
         return 1e3 * best_seconds(step, "cpu", REPEATS)
 
 
-def decode_tokens_per_s(checkpoint: Path, dtype: str) -> tuple[float, float]:
+# one-row routes of a compiled batch-1 decode step: weights' dtype, and whether single rows call
+# our kernel (ts_llm::bf16_linear, what the engine compiles with bf16 weights) or Inductor's reduction
+DECODE_ROUTES = {"bfloat16, our matvec kernel": ("bfloat16", True), "bfloat16, Inductor's reduction": ("bfloat16", False),
+                 "float32, Inductor's reduction": ("float32", False)}
+
+
+def decode_tokens_per_s(checkpoint: Path, dtype: str, matvec: bool) -> tuple[float, float]:
     """A compiled batch-1 decode step with `dtype` weights (no packing: one row): tokens/s and
     the compile seconds."""
     model = load_model(open_checkpoint(checkpoint), getattr(torch, dtype), "cpu")
+    if matvec:
+        build.load()
+        model.use_matvec()
     model.setup_cache(1, 256)
     step = torch.compile(model.decode, fullgraph=True, dynamic=False)
     token, pos = torch.zeros(1, dtype=torch.long), torch.tensor([60])
@@ -104,10 +115,10 @@ def main() -> None:
     for name, (dtype, packing) in projection_options(plat).items():
         run["projections_ms"][name] = {str(r): projections_ms(weights, dtype, packing, r) for r in args.rows}
         print(name, {r: f"{ms:.1f} ms" for r, ms in run["projections_ms"][name].items()}, flush=True)
-    for dtype in ("bfloat16", "float32"):
-        tps, compile_s = decode_tokens_per_s(checkpoint, dtype)
-        run["decode_bs1"][dtype] = {"tokens_per_s": tps, "compile_s": compile_s}
-        print(f"compiled batch-1 decode, {dtype} weights: {tps:.1f} tok/s", flush=True)
+    for route, (dtype, matvec) in DECODE_ROUTES.items():
+        tps, compile_s = decode_tokens_per_s(checkpoint, dtype, matvec)
+        run["decode_bs1"][route] = {"tokens_per_s": tps, "compile_s": compile_s}
+        print(f"compiled batch-1 decode, {route}: {tps:.1f} tok/s", flush=True)
     profiles = previous_profiles(RESULTS / "paths.json")
     profiles[plat.profile.name] = {**run, "date": time.strftime("%Y-%m-%d")}
     write_json("paths.json", {"profiles": profiles})
@@ -141,7 +152,7 @@ def markdown(profiles: dict, argv: str) -> str:
         rows = run["rows"]
         table = "\n".join(f"| {opt} | " + " | ".join(f"{ms:.1f}" for ms in by_rows.values()) + " |"
                           for opt, by_rows in run["projections_ms"].items())
-        decode = ", ".join(f"{d} weights {v['tokens_per_s']:.1f} tok/s" for d, v in run["decode_bs1"].items())
+        decode = ", ".join(f"{route} {v['tokens_per_s']:.1f} tok/s" for route, v in run["decode_bs1"].items())
         forced = " (forced on a CPU that has more)" if run["forced"] else ""
         sections.append(f"""### {name}{forced}: {run['versions']['machine']}, {run['date']}
 
@@ -150,7 +161,7 @@ Auto path: `{run['auto']}`. All 211 projections once, ms (lower is better):
 | weights, compute | """ + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in rows) + " |\n|---|" + "---|" * len(rows) + f"""
 {table}
 
-Compiled batch-1 decode step (plain weights, Inductor's matrix-vector kernels): {decode}.
+Compiled batch-1 decode step (plain weights, one row through each route): {decode}.
 """)
     return f"""## Per CPU profile
 
