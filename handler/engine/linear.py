@@ -74,7 +74,6 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-
 def _materialized(x: Tensor) -> Tensor:
     """x, computed into a buffer of its own in a compiled graph. Inductor otherwise inlines the
     producer of a matrix-vector product's input (RMSNorm, the residual adds, the embedding

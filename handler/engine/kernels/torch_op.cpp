@@ -1,6 +1,7 @@
 /* The CPU kernels of ts_llm::quantized_linear (schema in quant/ops.py) and ts_llm::bf16_linear
  * (kernels/matvec.py), registered with the dispatcher from C++: compiled graphs call them 121 times
- * a decode step (default model), and a Python kernel cost ~30 us a call there (dispatcher into Python, argument boxing, ctypes) against ~3 us here.
+ * a decode step (default model), and a Python kernel cost ~30 us a call there (dispatcher into
+ * Python, argument boxing, ctypes) against ~3 us here.
  * Written against torch's stable ABI (torch/csrc/stable and the AOTI C shim), whose headers build
  * in ~1 s where ATen's took ~8 s of every new instance's start; the output is allocated through
  * the shim (no dispatcher round trip) and the bias added here, so a call makes no boxed op call.
@@ -37,12 +38,28 @@ Tensor empty_rows(const Tensor &x, int64_t N) {
     return Tensor(handle);
 }
 
-void add_bias(float *out, const std::optional<Tensor> &bias, int64_t M, int64_t N) {
-    if (!bias) return;
-    const float *b = static_cast<const float *>(bias->const_data_ptr());
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t c = 0; c < N; c++) out[r * N + c] += b[c];
+/* The part both ops share: check the bias, make x's rows contiguous, allocate y [..., N], let
+ * `kernel(rows, out, M)` fill it (not called for zero rows), add the bias. */
+template <typename Kernel>
+Tensor linear_rows(const char *op, const Tensor &x, int64_t N, const std::optional<Tensor> &bias, Kernel kernel) {
+    STD_TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == ScalarType::Float && bias->is_contiguous()
+                                          && bias->numel() == N),
+                    op, ": bias must be contiguous float32 [N]");
+    const int64_t K = x.size(-1);
+    const Tensor rows = x.is_contiguous() ? x : torch::stable::contiguous(x);
+    const int64_t M = K ? rows.numel() / K : 0;
+    Tensor y = empty_rows(x, N);
+    float *out = static_cast<float *>(y.mutable_data_ptr());
+    if (M > 0) kernel(static_cast<const float *>(rows.const_data_ptr()), out, M);
+    if (bias) {
+        const float *b = static_cast<const float *>(bias->const_data_ptr());
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t c = 0; c < N; c++) out[r * N + c] += b[c];
+    }
+    return y;
 }
+
+int threads() { return static_cast<int>(torch::stable::get_num_threads()); }
 
 Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> m, std::optional<Tensor> bias) {
     // q, d, m in the kernels' layout (layout.py's pack()): q [N/8, K/32, 256 (int8) or 128 (int4)],
@@ -64,21 +81,12 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
                               : (m.has_value() && m->dim() == 3 && m->size(0) == d.size(0) && m->size(1) == d.size(1)
                                  && m->size(2) == 8 && m->scalar_type() == ScalarType::Half && m->is_contiguous()),
                     "quantized_linear: m (float16, shaped like d) is needed for int4 and only for int4");
-    STD_TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == ScalarType::Float && bias->is_contiguous()
-                                          && bias->numel() == N),
-                    "quantized_linear: bias must be contiguous float32 [N]");
-    const Tensor rows = x.is_contiguous() ? x : torch::stable::contiguous(x);
-    const int64_t M = K ? rows.numel() / K : 0;
-    Tensor y = empty_rows(x, N);
-    float *out = static_cast<float *>(y.mutable_data_ptr());
-    if (M > 0)
-        ts_llm_quantized_linear(bits, static_cast<const float *>(rows.const_data_ptr()),
-                                static_cast<const uint8_t *>(q.const_data_ptr()),
+    return linear_rows("quantized_linear", x, N, bias, [&](const float *rows, float *out, int64_t M) {
+        ts_llm_quantized_linear(bits, rows, static_cast<const uint8_t *>(q.const_data_ptr()),
                                 static_cast<const uint16_t *>(d.const_data_ptr()),
                                 m ? static_cast<const uint16_t *>(m->const_data_ptr()) : nullptr, out, M, N, K,
-                                K / d.size(1), static_cast<int>(torch::stable::get_num_threads()));
-    add_bias(out, bias, M, N);
-    return y;
+                                K / d.size(1), threads());
+    });
 }
 
 Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
@@ -90,19 +98,9 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
                     "bf16_linear: w must be contiguous bfloat16 [N, ", x.size(-1), "], got ", w.scalar_type(), " ",
                     shape_of(w));
     const int64_t K = w.size(1), N = w.size(0);
-    STD_TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == ScalarType::Float && bias->is_contiguous()
-                                          && bias->numel() == N),
-                    "bf16_linear: bias must be contiguous float32 [N]");
-    const Tensor rows = x.is_contiguous() ? x : torch::stable::contiguous(x);
-    const int64_t M = K ? rows.numel() / K : 0;
-    Tensor y = empty_rows(x, N);
-    float *out = static_cast<float *>(y.mutable_data_ptr());
-    if (M > 0)
-        ts_llm_bf16_linear(static_cast<const float *>(rows.const_data_ptr()),
-                           static_cast<const uint16_t *>(w.const_data_ptr()), out, M, N, K,
-                           static_cast<int>(torch::stable::get_num_threads()));
-    add_bias(out, bias, M, N);
-    return y;
+    return linear_rows("bf16_linear", x, N, bias, [&](const float *rows, float *out, int64_t M) {
+        ts_llm_bf16_linear(rows, static_cast<const uint16_t *>(w.const_data_ptr()), out, M, N, K, threads());
+    });
 }
 
 }  // namespace
