@@ -18,7 +18,8 @@ from handler.engine.quant.layout import QuantizedWeight
 class Linear(nn.Linear):
     """nn.Linear whose single rows (decode at batch 1) stream the weight once. After
     use_matvec() (CPU bf16 weights) they call ts_llm::bf16_linear (handler.engine.kernels.matvec),
-    compiled or not. Otherwise, when compiled, they are written as a matrix-vector product
+    compiled or not; after use_matvec(batches=True) so do rows one per sequence (x [B, 1, K] or
+    [B, K]: a decode batch, the output head), where the alternative is a float32 copy. Otherwise, when compiled, they are written as a matrix-vector product
     Inductor generates itself: a vectorized reduction parallel over output features. aten's mm
     reaches ~9 GB/s on that shape here (its GEMM setup is sized for many rows); the reduction ~2x
     that. Eager calls do not use the reduction form: it would materialize [N, K] there.
@@ -32,6 +33,7 @@ class Linear(nn.Linear):
 
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
     matvec: bool = False  # set by use_matvec(): single rows call ts_llm::bf16_linear
+    matvec_batches: bool = False  # set by use_matvec(batches=True): so do rows one per sequence
 
     def quantize(self, w: QuantizedWeight) -> None:
         del self.weight
@@ -49,9 +51,10 @@ class Linear(nn.Linear):
             packed.pack(self.weight, dtype)
             self.packed_dtype = dtype
 
-    def use_matvec(self) -> None:
+    def use_matvec(self, batches: bool = False) -> None:
         if self.quantized is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":
             self.matvec = True
+            self.matvec_batches = batches
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.quantized
@@ -59,7 +62,7 @@ class Linear(nn.Linear):
             return quant_ops.quantized_linear(x, w, self.bias)
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
         one_row = guard_or_false(x.shape[:-1].numel() == 1)
-        if self.matvec and one_row:
+        if self.matvec and (one_row or (self.matvec_batches and _one_row_per_sequence(x))):
             return matvec.bf16_linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling() and one_row:
             # x: [..., K] with one row; weight: [N, K]. fp32 accumulation, as mm's.
@@ -72,6 +75,12 @@ class Linear(nn.Linear):
         if self.packed_dtype is not None and not (self.packed_dtype.itemsize > self.weight.element_size() and one_row):
             return packed.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def _one_row_per_sequence(x: Tensor) -> bool:
+    """x [B, 1, K] or [B, K]: the model's calls with one row per sequence (decode, the output
+    head), so at most max_batch_size rows; a prefill chunk's [B, T, K] is not (T static or not)."""
+    return all(guard_or_false(d == 1) for d in x.shape[1:-1])
 
 
 def _materialized(x: Tensor) -> Tensor:

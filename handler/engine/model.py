@@ -227,12 +227,13 @@ class Transformer(nn.Module):
             if isinstance(module, Linear):
                 module.pack(dtype)
 
-    def use_matvec(self) -> None:
-        """Single rows through ts_llm::bf16_linear in every projection that has CPU bf16 weights
-        (its kernel must be loaded: handler.engine.kernels.build)."""
+    def use_matvec(self, batches: bool = False) -> None:
+        """Single rows (and with `batches`, rows one per sequence) through ts_llm::bf16_linear in
+        every projection that has CPU bf16 weights (its kernel must be loaded:
+        handler.engine.kernels.build)."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_matvec()
+                module.use_matvec(batches)
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
         dtype, device = self.tok_embeddings.weight.dtype, self.tok_embeddings.weight.device

@@ -5,7 +5,7 @@ import torch
 
 from handler.engine.checkpoint import Checkpoint, check_context, load_model
 from handler.engine.config import DTYPES, EngineConfig
-from handler.engine.kernels import build
+from handler.engine.kernels import build, matvec
 from handler.engine.model import Transformer
 from handler.engine.quant.apply import quantize_model
 
@@ -13,8 +13,8 @@ from handler.engine.quant.apply import quantize_model
 def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     """The model as the steps are compiled for it and called with: weights in the resolved
     dtype, projections quantized if chosen, packed copies if chosen (the graphs call packed_linear then),
-    bf16 single rows through our matrix-vector kernel where compiling (Inductor's C++ toolchain is
-    there then), KV cache allocated."""
+    bf16 single rows (and decode batches over a float32 copy) through our matrix-vector kernel
+    where compiling (Inductor's C++ toolchain is there then), KV cache allocated."""
     check_context(ckpt.args, cfg.max_seq_len)
     model = load_model(ckpt, cfg.torch_dtype, cfg.device)
     quantize_model(model, ckpt, cfg)
@@ -22,6 +22,7 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
         model.pack_weights(DTYPES[cfg.packed_weights])
     if cfg.compile == "inductor" and cfg.torch_dtype == torch.bfloat16 and torch.device(cfg.device).type == "cpu":
         build.load()  # built now (seconds, the first time on a machine), not in the first request
-        model.use_matvec()
+        # decode batches too where oneDNN would read a float32 copy (twice bf16's bytes; AVX2)
+        model.use_matvec(batches=cfg.packed_weights == "float32" and cfg.max_batch_size <= matvec.MAX_BATCH)
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
     return model

@@ -26,42 +26,71 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* four independent sums (one would wait on the add latency every 8 columns) */
-static float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+/* R rows of x (ldx apart) against one weight row into y[0], y[ldy], ...: each 8 weights are
+ * loaded and widened once for all R rows. Four independent sums for one row (one would wait on
+ * the add latency every 8 columns), two per row for more (8 for R = 4: what 16 registers hold). */
+static inline __attribute__((always_inline)) void dot_rows(int R, const float *x, int64_t ldx, const uint16_t *w,
+                                                           int64_t K, float *y, int64_t ldy) {
+    enum { MAXR = 4 };
+    const int A = R == 1 ? 4 : 2;
+    __m256 acc[MAXR][4];
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
+    for (; k + 8 * A <= K; k += 8 * A) {
         _mm_prefetch((const char *)(w + k) + MATVEC_PREFETCH, _MM_HINT_T0);
-        a0 = _mm256_fmadd_ps(bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(bf16x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-        a2 = _mm256_fmadd_ps(bf16x8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-        a3 = _mm256_fmadd_ps(bf16x8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+        for (int a = 0; a < A; a++) {
+            const __m256 wv = bf16x8(w + k + 8 * a);
+            for (int r = 0; r < R; r++) acc[r][a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * ldx + k + 8 * a), acc[r][a]);
+        }
     }
-    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
-    float sum = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; k < K; k++) sum += x[k] * bf16_float(w[k]);
-    return sum;
+    for (; k + 8 <= K; k += 8) {
+        const __m256 wv = bf16x8(w + k);
+        for (int r = 0; r < R; r++) acc[r][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * ldx + k), acc[r][0]);
+    }
+    for (int r = 0; r < R; r++) {
+        __m256 s = A == 4 ? _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))
+                          : _mm256_add_ps(acc[r][0], acc[r][1]);
+        float sum = hsum8(s);
+        for (int64_t j = k; j < K; j++) sum += x[r * ldx + j] * bf16_float(w[j]);
+        y[r * ldy] = sum;
+    }
 }
 #else
-static float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
-    float sum[8] = {0};
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8)
-        for (int j = 0; j < 8; j++) sum[j] += x[k + j] * bf16_float(w[k + j]);
-    float total = 0;
-    for (int j = 0; j < 8; j++) total += sum[j];
-    for (; k < K; k++) total += x[k] * bf16_float(w[k]);
-    return total;
+static inline void dot_rows(int R, const float *x, int64_t ldx, const uint16_t *w, int64_t K, float *y, int64_t ldy) {
+    for (int r = 0; r < R; r++) {
+        float sum[8] = {0};
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8)
+            for (int j = 0; j < 8; j++) sum[j] += x[r * ldx + k + j] * bf16_float(w[k + j]);
+        float total = 0;
+        for (int j = 0; j < 8; j++) total += sum[j];
+        for (; k < K; k++) total += x[r * ldx + k] * bf16_float(w[k]);
+        y[r * ldy] = total;
+    }
 }
 #endif
 
 /* x [M, K] and y [M, N] float32, w [N, K] bfloat16 bits, all contiguous. Each weight row is read
- * from memory once, for all M rows of x (it stays in cache between them). */
+ * from memory once, for all M rows of x, four at a time: blocks of NB weight rows meet each tile
+ * of 4 x rows while both are in cache. */
+#define NB 8
 #ifdef __cplusplus
 extern "C"
 #endif
 void ts_llm_bf16_linear(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t r = 0; r < M; r++) y[r * N + n] = dot_bf16(x + r * K, w + n * K, K);
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+        const int64_t n1 = n0 + NB < N ? n0 + NB : N;
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4)
+            for (int64_t n = n0; n < n1; n++) dot_rows(4, x + r * K, K, w + n * K, K, y + r * N + n, N);
+        for (int64_t n = n0; n < n1; n++) {
+            switch (M - r) {
+                case 3: dot_rows(3, x + r * K, K, w + n * K, K, y + r * N + n, N); break;
+                case 2: dot_rows(2, x + r * K, K, w + n * K, K, y + r * N + n, N); break;
+                case 1: dot_rows(1, x + r * K, K, w + n * K, K, y + r * N + n, N); break;
+            }
+        }
+    }
 }

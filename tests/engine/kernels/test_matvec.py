@@ -1,4 +1,5 @@
-"""ts_llm::bf16_linear against x @ w.float().T: one row and several, widths with and without a
+"""ts_llm::bf16_linear against x @ w.float().T: one row and several (tiles of four and the rows
+past them), weight counts past a block of eight, widths with and without a
 tail past the vector loop, leading dimensions, bias, and the checks that keep bad tensors out of C."""
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
     assert (err <= bound).all(), f"max error {err.max():.3g}"
 
 
-@pytest.mark.parametrize("n,k", [(8, 64), (40, 320), (24, 100), (3, 7), (960, 576)])
-@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("n,k", [(8, 64), (40, 320), (27, 100), (3, 7), (960, 576)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])
 def test_matches_the_float32_product(n, k, rows):
     torch.manual_seed(n * k + rows)
     x, w = torch.randn(rows, k), (torch.randn(n, k) * 0.05).bfloat16()
