@@ -7,7 +7,8 @@
 Two parts, on the default model's real weights, 2 threads unless --threads:
 - several rows (batched decode, prefill): one pass through all 211 projections (30 layers x
   q/k/v, o, gate/up, down + the output head) at 1..128 rows, for each way this profile can run
-  them: plain bf16 or float32 `F.linear`, and oneDNN-packed bf16 or float32 copies;
+  them: plain bf16 or float32 `F.linear`, oneDNN-packed bf16 or float32 copies, and bf16 weights
+  through our kernel (ts_llm::bf16_linear: decode batches take it over a float32 copy);
 - one row (batch-1 decode): a `torch.compile`d decode step with bf16 weights through our
   matrix-vector kernel and through Inductor's reduction, and with float32 weights.
 
@@ -29,11 +30,11 @@ from common import RESULTS, best_seconds, previous_profiles, versions, write_jso
 
 from handler.engine import aot, packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
-from handler.engine.kernels import build  # noqa: E402
+from handler.engine.kernels import build, matvec  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.engine.linear import Linear  # noqa: E402
 
-ROWS = (1, 2, 8, 32, 128)
+ROWS = (1, 2, 4, 8, 16, 32, 128)
 REPEATS = 5  # every time is the best of this many
 
 
@@ -55,16 +56,17 @@ def projection_options(plat: platform.Platform) -> dict[str, tuple[str, str]]:
         except platform.PlatformError:
             continue
         options[f"{dtype} weights, " + ("plain" if packing == "off" else f"packed {packing}")] = (dtype, packing)
+    options["bfloat16 weights, our kernel"] = ("bfloat16", "kernel")
     return options
 
 
 def projections_ms(weights: list[torch.Tensor], dtype: str, packing: str, rows: int) -> float:
     """One pass through every projection at `rows` rows, activations in `dtype`, in ms."""
     ws = [w.to(getattr(torch, dtype)) for w in weights]
-    if packing != "off":
+    if packing not in ("off", "kernel"):
         for w in ws:
             packed.pack(w, getattr(torch, packing))
-    linear = packed.packed_linear if packing != "off" else F.linear
+    linear = {"off": F.linear, "kernel": matvec.bf16_linear}.get(packing, packed.packed_linear)
     inputs = {k: torch.randn(rows, k).to(getattr(torch, dtype)) for k in {w.shape[1] for w in ws}}
 
     def step():
@@ -82,11 +84,11 @@ DECODE_ROUTES = {"bfloat16, our matvec kernel": ("bfloat16", True), "bfloat16, I
                  "float32, Inductor's reduction": ("float32", False)}
 
 
-def decode_tokens_per_s(checkpoint: Path, dtype: str, matvec: bool) -> tuple[float, float]:
+def decode_tokens_per_s(checkpoint: Path, dtype: str, use_kernel: bool) -> tuple[float, float]:
     """A compiled batch-1 decode step with `dtype` weights (no packing: one row): tokens/s and
     the compile seconds."""
     model = load_model(open_checkpoint(checkpoint), getattr(torch, dtype), "cpu")
-    if matvec:
+    if use_kernel:
         build.load()
         model.use_matvec()
     model.setup_cache(1, 256)
@@ -115,8 +117,8 @@ def main() -> None:
     for name, (dtype, packing) in projection_options(plat).items():
         run["projections_ms"][name] = {str(r): projections_ms(weights, dtype, packing, r) for r in args.rows}
         print(name, {r: f"{ms:.1f} ms" for r, ms in run["projections_ms"][name].items()}, flush=True)
-    for route, (dtype, matvec) in DECODE_ROUTES.items():
-        tps, compile_s = decode_tokens_per_s(checkpoint, dtype, matvec)
+    for route, (dtype, use_kernel) in DECODE_ROUTES.items():
+        tps, compile_s = decode_tokens_per_s(checkpoint, dtype, use_kernel)
         run["decode_bs1"][route] = {"tokens_per_s": tps, "compile_s": compile_s}
         print(f"compiled batch-1 decode, {route}: {tps:.1f} tok/s", flush=True)
     profiles = previous_profiles(RESULTS / "paths.json")
