@@ -163,6 +163,18 @@ static inline i8v block_isum(int bits, const Block *w, const int8_t *xq) {
 }
 #endif
 
+/* Each thread streams its row groups' blocks in order; prefetching 4 KB ahead took a default-model
+ * int8 decode step from 8.5 to 7.2 ms (avx512_amx; 7.6 to 7.2 forced avx2) and int4's from 4.4
+ * to 3.9 ms forced avx2 (4.2 either way on avx512_amx); 1 KB gained less, 8 KB the same. */
+#define QUANT_PREFETCH 4096
+static inline void prefetch_block(int bits, const uint8_t *blk) {
+#if defined(__x86_64__)
+    for (int64_t line = 0; line < block_bytes(bits); line += 64) _mm_prefetch((const char *)blk + line + QUANT_PREFETCH, _MM_HINT_T0);
+#else
+    (void)bits, (void)blk;
+#endif
+}
+
 /* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits and R
  * so the accumulators stay in registers. Each x row's arithmetic is the same whatever R is. */
 static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedRow *x, const uint8_t *q,
@@ -171,6 +183,7 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
     f8 acc[4] = {{0}}, offset[4] = {{0}};
     for (int64_t b = 0; b < K / BLOCK; b++) {
         const int64_t g = b * BLOCK / G;
+        prefetch_block(bits, q + b * block_bytes(bits));
         const Block w = load_block(bits, q + b * block_bytes(bits));
         const f8 scale = half8(d + ROWS * g), min = bits == 4 ? half8(m + ROWS * g) : (f8){0};
         for (int r = 0; r < R; r++) {
