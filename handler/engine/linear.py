@@ -19,10 +19,11 @@ class Linear(nn.Linear):
     """nn.Linear whose single rows (decode at batch 1) stream the weight once. After
     use_matvec() (CPU bf16 weights) they call ts_llm::bf16_linear (handler.engine.kernels.matvec),
     compiled or not; after use_matvec(batches=True) so do rows one per sequence (x [B, 1, K] or
-    [B, K]: a decode batch, the output head), where the alternative is a float32 copy. Otherwise, when compiled, they are written as a matrix-vector product
-    Inductor generates itself: a vectorized reduction parallel over output features. aten's mm
-    reaches ~9 GB/s on that shape here (its GEMM setup is sized for many rows); the reduction ~2x
-    that. Eager calls do not use the reduction form: it would materialize [N, K] there.
+    [B, K]: a decode batch, the output head), where the alternative is a float32 copy. Otherwise,
+    when compiled, single rows are written as a matrix-vector product Inductor generates itself:
+    a vectorized reduction parallel over output features. aten's mm reaches ~9 GB/s on that
+    shape here (its GEMM setup is sized for many rows); the reduction ~2x that. Eager calls do not
+    use the reduction form: it would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).

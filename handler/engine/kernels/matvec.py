@@ -11,9 +11,10 @@ defined here with the low-level Library API.
 
 Decode batches (a few rows, one per sequence) take it too where the alternative is oneDNN's float32
 copy of the weights (AVX2: no bf16 arithmetic): it reads bf16's bytes once for every row, four rows
-per widened weight; all 211 projections at 4 rows took 13.9 ms against the copy's 38.1, at 16 rows
-37.8 against 53.0, at 32 85.3 against 74.4 (forced AVX2, 2 threads): hence MAX_BATCH. Where oneDNN
-has bf16 kernels (AVX-512-BF16, AMX) its packed bf16 copy is as fast at 2-4 rows and faster beyond."""
+per widened weight; all 211 projections at 4 rows took 14.8 ms against the copy's 40.0, at 16 rows
+43.3 against 59.4, at 32 81.7 against 79.1 (`bench/paths.py --cpu-profile avx2`, 2 threads): hence
+MAX_BATCH. Where oneDNN has bf16 kernels (AVX-512-BF16, AMX) its packed bf16 copy is as fast at 2-4
+rows and faster beyond, and prefill chunks (many rows) keep the copy everywhere."""
 from __future__ import annotations
 
 import torch
