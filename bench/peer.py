@@ -239,7 +239,7 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
 
 
 def markdown(r: dict, argv: str, out: str) -> str:
-    rows = []
+    rows, v, ll = [], r["versions"], r["llama_cpp"]
     for precision, pair in r["pairs"].items():
         for system in SYSTEMS:
             side = pair.get(system)
@@ -252,9 +252,10 @@ def markdown(r: dict, argv: str, out: str) -> str:
                 rows.append(f"| {precision} | {system} | {x['concurrency']} | {x['requests']} | {x['errors']} | "
                             f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
                             f"{_fmt(ratio) if system == 'ours' else ''} |")
-    v, ll = r["versions"], r["llama_cpp"]
     ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
-    title = "" if out == "peer" else f" ({', '.join(r['pairs'])} only)"
+    forced = " forced" if v.get("cpu_profile_forced") else ""
+    only = "" if list(r["pairs"]) == list(PRECISIONS) else f", {', '.join(r['pairs'])} only"
+    title = f": {v.get('cpu_profile')}{forced}, {r.get('batching', 'continuous')}{only}"
     notes = "".join(f"\n*llama.cpp {p}*: {pair['llama.cpp']['note']}." for p, pair in r["pairs"].items()
                     if (pair.get("llama.cpp") or {}).get("note"))
     return f"""## Side by side with llama.cpp (llama-server){title}
