@@ -18,12 +18,12 @@ from handler.engine.quant.layout import QuantizedWeight
 class Linear(nn.Linear):
     """nn.Linear whose single rows (decode at batch 1) stream the weight once. After
     use_matvec() (CPU bf16 weights) they call ts_llm::bf16_linear (handler.engine.kernels.matvec),
-    compiled or not; after use_matvec(batches=True) so do rows one per sequence (x [B, 1, K] or
-    [B, K]: a decode batch, the output head), where the alternative is a float32 copy. Otherwise,
-    when compiled, single rows are written as a matrix-vector product Inductor generates itself:
-    a vectorized reduction parallel over output features. aten's mm reaches ~9 GB/s on that
-    shape here (its GEMM setup is sized for many rows); the reduction ~2x that. Eager calls do not
-    use the reduction form: it would materialize [N, K] there.
+    compiled or not; after pack(float32) and use_matvec(batches=True) so do rows one per sequence
+    (x [B, 1, K] or [B, K]: a decode batch, the output head). Otherwise, when compiled, single
+    rows are written as a matrix-vector product Inductor generates itself: a vectorized reduction
+    parallel over output features. aten's mm reaches ~9 GB/s on that shape here (its GEMM setup
+    is sized for many rows); the reduction ~2x that. Eager calls do not use the reduction form: it
+    would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
@@ -34,7 +34,7 @@ class Linear(nn.Linear):
 
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
     matvec: bool = False  # set by use_matvec(): single rows call ts_llm::bf16_linear
-    matvec_batches: bool = False  # set by use_matvec(batches=True): so do rows one per sequence
+    matvec_batches: bool = False  # set by use_matvec(batches=True) over a wider copy: so do rows one per sequence
 
     def quantize(self, w: QuantizedWeight) -> None:
         del self.weight
@@ -53,9 +53,16 @@ class Linear(nn.Linear):
             self.packed_dtype = dtype
 
     def use_matvec(self, batches: bool = False) -> None:
+        """Single rows through our kernel; with `batches`, rows one per sequence too where the
+        packed copy is wider than the weights (call after pack())."""
         if self.quantized is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":
             self.matvec = True
-            self.matvec_batches = batches
+            self.matvec_batches = batches and self._packed_wider
+
+    @property
+    def _packed_wider(self) -> bool:
+        """The packed copy reads more bytes than the weights (float32 of bf16 weights: AVX2)."""
+        return self.packed_dtype is not None and self.packed_dtype.itemsize > self.weight.element_size()
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.quantized
@@ -73,7 +80,7 @@ class Linear(nn.Linear):
             return y.to(x.dtype).reshape(*x.shape[:-1], -1)
         # A single row streams the weights: a copy in a wider dtype (float32 of bf16 weights, on
         # AVX2) would read twice the bytes, so eager single rows keep the plain weight.
-        if self.packed_dtype is not None and not (self.packed_dtype.itemsize > self.weight.element_size() and one_row):
+        if self.packed_dtype is not None and not (self._packed_wider and one_row):
             return packed.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -228,9 +228,9 @@ class Transformer(nn.Module):
                 module.pack(dtype)
 
     def use_matvec(self, batches: bool = False) -> None:
-        """Single rows (and with `batches`, rows one per sequence) through ts_llm::bf16_linear in
-        every projection that has CPU bf16 weights (its kernel must be loaded:
-        handler.engine.kernels.build)."""
+        """Single rows (and with `batches`, rows one per sequence, where packing made a wider copy)
+        through ts_llm::bf16_linear in every projection that has CPU bf16 weights (its kernel must
+        be loaded: handler.engine.kernels.build; call after pack_weights)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_matvec(batches)

@@ -23,6 +23,6 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     if cfg.compile == "inductor" and cfg.torch_dtype == torch.bfloat16 and torch.device(cfg.device).type == "cpu":
         build.load()  # built now (seconds, the first time on a machine), not in the first request
         # decode batches too where oneDNN would read a float32 copy (twice bf16's bytes; AVX2)
-        model.use_matvec(batches=cfg.packed_weights == "float32" and cfg.max_batch_size <= matvec.MAX_BATCH)
+        model.use_matvec(batches=cfg.max_batch_size <= matvec.MAX_BATCH)
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
     return model

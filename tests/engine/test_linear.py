@@ -1,6 +1,6 @@
 """Which route model projections take: single rows of CPU bf16 weights through our kernel once
-use_matvec() is called, rows one per sequence too with use_matvec(batches=True), everything
-else as before."""
+use_matvec() is called, rows one per sequence too with use_matvec(batches=True) over a float32
+copy, everything else as before."""
 from __future__ import annotations
 
 import torch
@@ -35,6 +35,7 @@ def test_a_matvec_linear_sends_single_rows_to_the_kernel():
 def test_with_batches_rows_one_per_sequence_go_to_the_kernel_too():
     torch.manual_seed(0)
     linear = Linear(64, 16).bfloat16()
+    linear.pack(torch.float32)
     linear.use_matvec(batches=True)
     decode, head = torch.randn(4, 1, 64).bfloat16(), torch.randn(4, 64).bfloat16()
     with torch.inference_mode():
@@ -46,6 +47,7 @@ def test_with_batches_rows_one_per_sequence_go_to_the_kernel_too():
 
 def test_with_batches_a_prefill_chunk_does_not():
     linear = Linear(64, 16).bfloat16()
+    linear.pack(torch.float32)
     linear.use_matvec(batches=True)
     with torch.inference_mode():
         assert "ts_llm.bf16_linear" not in _graph_ops(linear, torch.randn(2, 5, 64).bfloat16())
@@ -54,6 +56,13 @@ def test_with_batches_a_prefill_chunk_does_not():
 def test_without_batches_a_decode_batch_does_not():
     linear = Linear(64, 16).bfloat16()
     linear.use_matvec()
+    with torch.inference_mode():
+        assert "ts_llm.bf16_linear" not in _graph_ops(linear, torch.randn(4, 1, 64).bfloat16())
+
+
+def test_batches_need_a_wider_packed_copy():
+    linear = Linear(64, 16).bfloat16()
+    linear.use_matvec(batches=True)
     with torch.inference_mode():
         assert "ts_llm.bf16_linear" not in _graph_ops(linear, torch.randn(4, 1, 64).bfloat16())
 

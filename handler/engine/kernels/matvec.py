@@ -6,8 +6,8 @@ linear.Linear) streams the weights well alone (~24 GB/s here) but not between th
 decode step: chained with them, 121 projections took 19.9 ms against 11.4 ms side by side (AVX2
 profile, 2 threads). This kernel reads each weight row as one stream with four independent sums
 and prefetches ahead: a default-model decode step took 12.8-13.0 ms instead of 20.3-20.5 (forced
-AVX2) and 13.5-15.2 instead of 17.2-17.7 (AVX-512 + AMX; docs/benchmarks.md). Opaque, like the other ts_llm ops; the schema and fake are
-defined here with the low-level Library API.
+AVX2) and 13.5-15.2 instead of 17.2-17.7 (AVX-512 + AMX; docs/benchmarks.md). Opaque, like the
+other ts_llm ops; the schema and fake are defined here with the low-level Library API.
 
 Decode batches (a few rows, one per sequence) take it too where the alternative is oneDNN's float32
 copy of the weights (AVX2: no bf16 arithmetic): it reads bf16's bytes once for every row, four rows
