@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
 import peer_llamacpp as llamacpp  # noqa: E402
 from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
@@ -51,6 +53,8 @@ def parse_args():
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
                    help="ours' batching mode (bench/modes.py compares them)")
     p.add_argument("--max-seq-len", type=int, default=512, help="ours' max_seq_len")
+    p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
+                   help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -63,6 +67,17 @@ def parse_args():
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
     return args
+
+
+def handler_settings(pairs: list[str]) -> dict:
+    """["continuous_call_ms=0"] -> {"continuous_call_ms": 0}; the values read as YAML."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--handler-set wants KEY=VALUE, got {pair!r}")
+        settings[key] = yaml.safe_load(value)
+    return settings
 
 
 def bodies(n: int, args, system: str) -> list[dict]:
@@ -106,7 +121,7 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> 
 
 def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) -> dict:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
-               "quantization": PRECISIONS[precision]}
+               "quantization": PRECISIONS[precision], **handler_settings(args.handler_set)}
     opts = ServingOptions(args.batching, args.batch_size, 10, handler=handler)
     checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp)
     handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--on-compile-error", **flag(EngineConfig, "on_compile_error"))
     p.add_argument("--max-seq-len", **flag(EngineConfig, "max_seq_len"))
     p.add_argument("--max-new-tokens-cap", **flag(HandlerConfig, "max_new_tokens_cap"))
+    p.add_argument("--continuous-call-ms", **flag(HandlerConfig, "continuous_call_ms"),
+                   help="continuous batching: how long one call may go on decoding while no request starts or ends "
+                   "(0: one step per call, a frontend round trip per token)")
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device, "compile": args.compile,
                    "quantization": args.quantization, "group_size": args.group_size, "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
-                   "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name}
+                   "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
+                   "continuous_call_ms": args.continuous_call_ms}
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)

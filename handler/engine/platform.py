@@ -49,6 +49,9 @@ class Profile:
     onednn_max_isa: str | None  # ONEDNN_MAX_CPU_ISA; None: oneDNN's default
     march: str  # -march for Inductor's C++ kernels: no instruction beyond `requires`
     onednn_bf16: bool  # oneDNN has bf16 GEMM kernels here (its bf16 weight reorder accepts bf16)
+    # MKL_ENABLE_INSTRUCTIONS (ATen's float32 GEMM on x86 wheels): the highest MKL code path that
+    # stays within `requires`; None: MKL's own choice (the top profile, or no MKL)
+    mkl_max_isa: str | None = None
 
 
 # The features each -march level assumes (as /proc/cpuinfo names them; "abm" is LZCNT).
@@ -58,10 +61,10 @@ _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 PROFILES: tuple[Profile, ...] = (
     Profile("avx512_amx", "x86_64", _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
             "x86-64-v4", True),
-    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True),
-    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True),
-    Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False),
-    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False),
+    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512"),
+    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512"),
+    Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False, "AVX2"),
+    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False, "SSE4_2"),
     Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,
             "armv8.6-a+sve+bf16", False),  # the -march Inductor itself uses for SVE+BF16 with gcc < 13
     Profile("aarch64", "aarch64", frozenset(), "default", None, "armv8-a", False),  # NEON is part of armv8-a
@@ -135,11 +138,14 @@ def _read_cpuinfo() -> str:
 
 def environment(profile: Profile) -> dict[str, str]:
     """Variables that make a child process (a TorchServe worker, a test run) use `profile`:
-    ATen reads ATEN_CPU_CAPABILITY and oneDNN ONEDNN_MAX_CPU_ISA once, when torch starts."""
+    ATen reads ATEN_CPU_CAPABILITY, oneDNN ONEDNN_MAX_CPU_ISA and MKL MKL_ENABLE_INSTRUCTIONS
+    once, when torch starts."""
     env = {PROFILE_ENV: profile.name, "ATEN_CPU_CAPABILITY": profile.aten_capability,
            "TORCHINDUCTOR_CPP_MARCH": profile.march}
     if profile.onednn_max_isa is not None:
         env["ONEDNN_MAX_CPU_ISA"] = profile.onednn_max_isa
+    if profile.mkl_max_isa is not None:
+        env["MKL_ENABLE_INSTRUCTIONS"] = profile.mkl_max_isa
     return env
 
 

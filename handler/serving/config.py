@@ -41,6 +41,9 @@ class HandlerConfig:
     # cache directory (default_cache_dir).
     compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
+    # Continuous batching: how long one call to the worker may go on decoding while no request
+    # starts or ends (0: one step per call; ContinuousService.call_seconds).
+    continuous_call_ms: float = 100.0
     # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->
     # "continuous", neither -> "dynamic" (batchSize/maxBatchDelay).
     batching: Literal["continuous", "async", "dynamic"] = "continuous"
@@ -96,6 +99,8 @@ def _engine(section: dict, model_dir: Path, gpu_id: int | None) -> EngineConfig:
 
 
 def _check_limits(cfg: HandlerConfig, batch_size: int) -> None:
+    if cfg.continuous_call_ms < 0:
+        raise ConfigError(f"continuous_call_ms must be >= 0 (0: one decode step per call), got {cfg.continuous_call_ms}")
     if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:
         raise ConfigError("default_max_new_tokens must be between 1 and max_new_tokens_cap")
     if batch_size > cfg.engine.max_batch_size:

@@ -75,11 +75,13 @@ class LLMHandler(BaseHandler):
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
                         min(MAX_N, engine_cfg.max_batch_size))
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
+        mode_args = {}
         if service_cls is ContinuousService:
             logging.getLogger("ts.metrics.caching_metric").addFilter(_not_per_step_metric)
+            mode_args["call_seconds"] = cfg.continuous_call_ms / 1000
         flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
-                                   cutting=flag.cutting if flag else lambda: False)
+                                   cutting=flag.cutting if flag else lambda: False, **mode_args)
         if isinstance(self.service, LoopService):
             self.service.start()
         self.initialized = True

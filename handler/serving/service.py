@@ -2,9 +2,9 @@
 
 `ContinuousService` is driven once per TorchServe `handle` call in continuousBatching mode: the
 frontend sends every live request each call (a continuing one with no body), we run one engine
-step, and answer each with the next piece. `DynamicService` serves a batch to completion
-(batchSize/maxBatchDelay mode), streaming through an injected callback. The third mode,
-asyncCommunication, is loop_service.LoopService on this module's BaseService.
+step or a few (`call_seconds`), and answer each with its next piece. `DynamicService` serves a
+batch to completion (batchSize/maxBatchDelay mode), streaming through an injected callback. The
+third mode, asyncCommunication, is loop_service.LoopService on this module's BaseService.
 
 Transport rules come from TorchServe 0.12.0's frontend:
 - HTTP: a reply marked `more=True` opens a chunked response; `more=False` ends it; `more=None` is
@@ -176,7 +176,7 @@ class BaseService:
         self.metrics.observe("ts_llm_request_failure_total", 1, reason)
         return Reply(error_body(message, status), status)
 
-    def _step(self) -> None:
+    def _step(self) -> list[StepOutput]:
         outputs = self.engine.step()
         now = self.clock()
         for out in outputs:
@@ -187,6 +187,7 @@ class BaseService:
         self.metrics.observe("ts_llm_batch_occupancy_ratio", len(outputs) / self.engine.slots)
         if not self.engine.running:
             self.metrics.flush()
+        return outputs
 
     def _record(self, live: Live, out: StepOutput, now: float) -> None:
         if live.first_token_at is None:
@@ -230,6 +231,16 @@ class BaseService:
 
 
 class ContinuousService(BaseService):
+    """`call_seconds`: how long one call may go on stepping while nothing starts or ends (0: one
+    step per call). The frontend sends its next call only after this one's replies, so at one
+    step per call every token costs a round trip through it; several steps share one, at the
+    price of tokens streamed a few at a time and a new request queued in the frontend for up
+    to this long before it is admitted."""
+
+    def __init__(self, *args, call_seconds: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.call_seconds = call_seconds
+
     def handle(self, batch: list[Incoming]) -> list[Reply]:
         present = {inc.request_id for inc in batch}
         for gone in [rid for rid in self.live if rid not in present]:
@@ -244,12 +255,25 @@ class ContinuousService(BaseService):
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if self.engine.running:
-            self._step()
+            self._steps_for_this_call()
         # gRPC requests must be answered whole, now (see module docstring); the rest keep pace.
         while any(not self.live[i.request_id].http and self.live[i.request_id].finish_reason is None
                   for i in batch if i.request_id in self.live):
             self._step()
         return [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
+
+    def _steps_for_this_call(self) -> None:
+        """One step, then more while every output continues a request (a first token or a
+        finish is answered at once: time to first token, and a slot freed for a waiting request,
+        do not wait) and the next step, as long as the last, still ends within call_seconds."""
+        began = self.clock()
+        while True:
+            step_began = self.clock()
+            outputs = self._step()
+            now = self.clock()
+            if (not self.engine.running or self.cutting() or not all(map(_continues, outputs))
+                    or (now - began) + (now - step_began) > self.call_seconds):
+                return
 
     def _start_waiting(self) -> dict[str, Reply]:
         """Start accepted requests in arrival order while their samples fit in the free slots. An
@@ -280,6 +304,11 @@ class ContinuousService(BaseService):
             return Reply(self._whole(live) if done else "", content_type=ctype, more=not done)
         body, live.pending = "".join(live.pending), []
         return Reply(body, content_type=ctype, more=not done)
+
+
+def _continues(out: StepOutput) -> bool:
+    """Neither a sample's first token(s) nor its last."""
+    return not out.finished and out.completion_tokens > len(out.token_ids)
 
 
 class DynamicService(BaseService):

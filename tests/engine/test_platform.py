@@ -61,6 +61,7 @@ def test_an_unknown_architecture_is_refused():
 def test_forced_profile_sets_what_aten_onednn_and_inductor_read():
     env = platform.child_environment({PROFILE_ENV: "avx2", "HOME": "/h"})
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     assert env["TORCHINDUCTOR_CPP_MARCH"] == "x86-64-v3" and env["HOME"] == "/h"
 
 

@@ -102,3 +102,8 @@ def test_default_max_new_tokens_must_fit_the_cap():
 def test_section_must_be_a_mapping():
     with pytest.raises(ConfigError, match="model-config.yaml `handler:` must be a mapping, got list"):
         parse({"handler": ["dtype"]})
+
+
+def test_a_negative_continuous_call_time_is_rejected():
+    with pytest.raises(ConfigError, match="continuous_call_ms must be >= 0"):
+        parse({"handler": {"continuous_call_ms": -1}})

@@ -6,7 +6,6 @@ text is known; the real-engine versions of the streaming tests are in test_servi
 from __future__ import annotations
 
 import json
-from itertools import count
 
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
@@ -99,6 +98,52 @@ def test_a_grpc_request_does_not_cut_a_concurrent_http_stream():
     assert "".join(p["text"] for p in ndjson([*first, second[0], *rest])) == "bcdefghi"
 
 
+def timed(call_seconds: float, step_seconds: float = 0.010, sink: RecordingSink | None = None) -> ContinuousService:
+    """A service whose clock moves only when the engine steps, by step_seconds a step."""
+    now = [0.0]
+    engine = counting_engine()[0]
+    step = engine.step
+
+    def timed_step():
+        now[0] += step_seconds
+        return step()
+
+    engine.step = timed_step
+    return ContinuousService(engine, LIMITS, sink or RecordingSink(), clock=lambda: now[0], call_seconds=call_seconds)
+
+
+def pieces_per_reply(replies: list[Reply]) -> list[int]:
+    return [len(r.body.splitlines()) for r in replies]
+
+
+def test_a_call_goes_on_decoding_while_the_next_step_fits_its_time():
+    # 10 ms steps, 35 ms a call: a third step ends at 30 ms and fits, a fourth would not.
+    replies = drive(timed(0.035), [Incoming("a", req("a", n=8, stream=True), True)])["a"]
+    assert pieces_per_reply(replies) == [1, 3, 3, 1]
+    assert "".join(p["text"] for p in ndjson(replies)) == "bcdefghi"
+
+
+def test_a_call_with_no_time_of_its_own_is_one_step():
+    replies = drive(timed(0.0), [Incoming("a", req("a", n=4, stream=True), True)])["a"]
+    assert pieces_per_reply(replies) == [1, 1, 1, 1]
+
+
+def test_a_first_token_ends_the_call_at_once():
+    service = timed(10.0)
+    service.handle([Incoming("a", req("a", n=20, stream=True), True)])
+    a, b = service.handle([Incoming("a", None, True), Incoming("b", req("k", n=20, stream=True), True)])
+    assert [p["text"] for p in ndjson([a])] == ["c"] and [p["text"] for p in ndjson([b])] == ["l"]
+
+
+def test_a_finish_ends_the_call_at_once_and_the_others_go_on_next_call():
+    service = timed(10.0)
+    service.handle([Incoming("short", req("a", n=3, stream=True), True), Incoming("long", req("k", n=9, stream=True), True)])
+    short, long = service.handle([Incoming("short", None, True), Incoming("long", None, True)])
+    assert short.more is False and [p["text"] for p in ndjson([short])] == ["c", "d"]
+    [rest] = service.handle([Incoming("long", None, True)])
+    assert "".join(p["text"] for p in ndjson([long, rest])) == "mnopqrst" and rest.more is False
+
+
 def test_a_request_the_frontend_stops_sending_is_cancelled():
     sink = RecordingSink()
     service = continuous(sink=sink)
@@ -133,10 +178,9 @@ def test_metrics_count_the_tokens_of_a_request():
 
 
 def test_latency_metrics_are_measured_on_the_injected_clock():
-    sink, ticks = RecordingSink(), count()
-    service = ContinuousService(counting_engine()[0], LIMITS, sink, clock=lambda: float(next(ticks)))
-    drive(service, [Incoming("a", req(n=3), True)])
-    # clock reads: arrival 0, then one per step: 1 (first token), 2, 3 (last token)
+    sink = RecordingSink()
+    drive(timed(0.0, step_seconds=1.0, sink=sink), [Incoming("a", req(n=3), True)])
+    # arrival at 0, then a second a step: 1 (first token), 2, 3 (last token)
     assert sink.of("ts_llm_time_to_first_token_seconds") == [1.0]
     assert sink.of("ts_llm_e2e_request_latency_seconds") == [3.0]
     assert sink.of("ts_llm_time_per_output_token_seconds") == [1.0]
