@@ -53,6 +53,7 @@ def parse_args():
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
                    help="ours' batching mode (bench/modes.py compares them)")
     p.add_argument("--max-seq-len", type=int, default=512, help="ours' max_seq_len")
+    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="ours' maxBatchDelay")
     p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
                    help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
@@ -122,7 +123,7 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> 
 def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) -> dict:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision], **handler_settings(args.handler_set)}
-    opts = ServingOptions(args.batching, args.batch_size, 10, handler=handler)
+    opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, handler=handler)
     checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp)
     handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker
     run_dir = tmp / f"ours-{precision}-{args.batching}"

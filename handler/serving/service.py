@@ -263,17 +263,23 @@ class ContinuousService(BaseService):
         return [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
 
     def _steps_for_this_call(self) -> None:
-        """One step, then more while every output continues a request (a first token or a
-        finish is answered at once: time to first token, and a slot freed for a waiting request,
-        do not wait) and the next step, as long as the last, still ends within call_seconds."""
+        """One step, then more while every output continues a sample that already showed text
+        (its first visible text, or a finish, is answered at once: time to first token, and a
+        slot freed for a waiting request, do not wait) and the next step, as long as the last,
+        still ends within call_seconds."""
         began = self.clock()
         while True:
+            shown = self._samples_with_text()
             step_began = self.clock()
             outputs = self._step()
             now = self.clock()
-            if (not self.engine.running or self.cutting() or not all(map(_continues, outputs))
+            if (not self.engine.running or self.cutting()
+                    or any(o.finished or (o.request_id, o.index) not in shown for o in outputs)
                     or (now - began) + (now - step_began) > self.call_seconds):
                 return
+
+    def _samples_with_text(self) -> set[tuple[str, int]]:
+        return {(rid, i) for rid, live in self.live.items() for i, sample in enumerate(live.samples) if any(sample.text)}
 
     def _start_waiting(self) -> dict[str, Reply]:
         """Start accepted requests in arrival order while their samples fit in the free slots. An
@@ -304,11 +310,6 @@ class ContinuousService(BaseService):
             return Reply(self._whole(live) if done else "", content_type=ctype, more=not done)
         body, live.pending = "".join(live.pending), []
         return Reply(body, content_type=ctype, more=not done)
-
-
-def _continues(out: StepOutput) -> bool:
-    """Neither a sample's first token(s) nor its last."""
-    return not out.finished and out.completion_tokens > len(out.token_ids)
 
 
 class DynamicService(BaseService):
