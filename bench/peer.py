@@ -36,6 +36,7 @@ from handler.build.archive import build_mar  # noqa: E402
 from handler.build.model_config import ServingOptions, handler_config  # noqa: E402
 from handler.engine import platform  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.serving.config import HandlerConfig  # noqa: E402
 from handler.torchserve.launch import Ports, free_port, start_torchserve  # noqa: E402
 
 PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
@@ -79,6 +80,13 @@ def handler_settings(pairs: list[str]) -> dict:
             raise SystemExit(f"--handler-set wants KEY=VALUE, got {pair!r}")
         settings[key] = yaml.safe_load(value)
     return settings
+
+
+def continuous_call_ms(args) -> float | None:
+    """What ours' continuous calls were given (the handler's default unless --handler-set says)."""
+    if args.batching != "continuous":
+        return None
+    return handler_settings(args.handler_set).get("continuous_call_ms", HandlerConfig.continuous_call_ms)
 
 
 def bodies(n: int, args, system: str) -> list[dict]:
@@ -215,7 +223,8 @@ def main() -> None:
             if "llama.cpp" in args.systems:
                 pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs[precision], args, Path(tmp))
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "versions": versions(),
-              "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len, "concurrency": args.concurrency,
+              "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
+              "max_batch_delay_ms": args.max_batch_delay_ms, "continuous_call_ms": continuous_call_ms(args), "concurrency": args.concurrency,
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)
@@ -254,6 +263,10 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
 
+def _call_ms(r: dict) -> str:
+    return "" if r.get("continuous_call_ms") is None else f" (`continuous_call_ms` {r['continuous_call_ms']:g})"
+
+
 def markdown(r: dict, argv: str, out: str) -> str:
     rows, v, ll = [], r["versions"], r["llama_cpp"]
     for precision, pair in r["pairs"].items():
@@ -282,7 +295,7 @@ CPU profile {v.get('cpu_profile')}. The same weights on both sides: the default 
 files requantized from it by `llama-quantize`; ours serves the bf16 checkpoint (`quantization: none`; it is the Q4_1
 file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serves (`quantization: gguf`). Both get the same streamed `/v1/completions` requests, one system at a time: greedy,
 {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
-*ours*: `--batching {r.get('batching', 'continuous')}`, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
+*ours*: `--batching {r.get('batching', 'continuous')}`{_call_ms(r)}, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
 `cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.{notes}
 

@@ -1,16 +1,16 @@
 """The engine stepped by a thread of its own, for TorchServe's asyncCommunication mode.
 
-In continuous mode every decode step is a round trip through TorchServe's frontend (the worker
-answers one step for every live request, the frontend sends them all back for the next). In async
-mode the frontend hands each request to the worker once and the worker answers when it likes: here
-a thread admits what arrived between two steps, steps the engine and hands every request's pieces
-to its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the
-2-core machines, once the loading thread releases its OpenMP workers (handler.engine.openmp):
-on Zen 4 (bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a
-token halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py, one run per mode) 1.4-1.6x at 1
-client and 1.2-1.5x at 16. Continuous batching stays the default for what this mode lacks: the
-frontend sends nothing when a client goes away, so a request runs to its own end (bounded by its
-max_new_tokens).
+In continuous mode every call is a round trip through TorchServe's frontend (the worker answers a
+step or a few for every live request, the frontend sends them all back for the next). In async mode
+the frontend hands each request to the worker once and the worker answers when it likes: here a
+thread admits what arrived between two steps, steps the engine and hands every request's pieces to
+its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the 2-core
+machines, once the loading thread releases its OpenMP workers (handler.engine.openmp): on Zen 4
+(bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a token
+halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py, one run per mode) 1.4-1.6x at 1 client and
+1.2-1.5x at 16 (both when a continuous call was one step; continuous_call_ms since). Continuous
+batching stays the default for what this mode lacks: the frontend sends nothing when a client goes
+away, so a request runs to its own end (bounded by its max_new_tokens).
 
 Requests beyond the engine's slots wait in arrival order. gRPC gets each answer in one reply, as in
 continuous mode (token by token needs dynamic mode).
