@@ -1,5 +1,5 @@
 """TorchServe's two ways to run an LLM engine, side by side in one run: continuousBatching (the
-frontend drives one decode step per round trip) and asyncCommunication (the worker's own engine
+frontend drives a decode step or a few per round trip) and asyncCommunication (the worker's own engine
 loop, handler/serving/loop_service.py), with the load and weights of bench/peer.py.
 
     .venv/bin/python bench/modes.py                       # int4 (the default model's GGUF), 1 and 16 clients
@@ -34,6 +34,7 @@ def parse_args():
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="the engine's slots")
     p.add_argument("--max-seq-len", type=int, default=512)
+    peer.add_ours_options(p)
     args = p.parse_args()
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
@@ -50,7 +51,9 @@ def main() -> None:
             runs[mode] = peer.sweep_ours(args.precision, checkpoint, gguf, argparse.Namespace(**vars(args), batching=mode),
                                          Path(tmp))["runs"]
     result = {"model": "SmolLM2-135M-Instruct", "precision": args.precision, "output_tokens": args.output_tokens,
-              "batch_size": args.batch_size, "versions": versions(), **ratios(runs), "runs": runs}
+              "batch_size": args.batch_size, "max_batch_delay_ms": args.max_batch_delay_ms,
+              "continuous_call_ms": peer.continuous_call_ms(argparse.Namespace(**vars(args), batching="continuous")),
+              "versions": versions(), **ratios(runs), "runs": runs}
     write_json("modes.json", result)
     plot(result, RESULTS / "modes.png")
     write_section("modes", markdown(result, " ".join(sys.argv[1:])))
@@ -99,7 +102,8 @@ def markdown(r: dict, argv: str) -> str:
 Command: `.venv/bin/python bench/modes.py {argv}`. {v['machine']}, CPU profile {v.get('cpu_profile')}, torch
 {v['torch']}. The same .mar settings and load as bench/peer.py ({r['precision']}, {r['batch_size']} slots, streamed
 `/v1/completions`, greedy, {r['output_tokens']} tokens, `ignore_eos`), one mode at a time. *continuous*: the
-frontend sends every live request back to the worker for each decode step; *async*: the worker's engine loop
+frontend sends every live request back to the worker for each call (a decode step, or a few within
+`continuous_call_ms` {r.get('continuous_call_ms', 'n/a')}); *async*: the worker's engine loop
 (`--batching async`) admits, steps and streams on its own.
 
 | mode | clients | requests | errors | output tok/s | TTFT p50/p99 s | ITL p50 s |

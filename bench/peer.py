@@ -54,9 +54,7 @@ def parse_args():
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
                    help="ours' batching mode (bench/modes.py compares them)")
     p.add_argument("--max-seq-len", type=int, default=512, help="ours' max_seq_len")
-    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="ours' maxBatchDelay")
-    p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
-                   help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
+    add_ours_options(p)
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -69,6 +67,13 @@ def parse_args():
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
     return args
+
+
+def add_ours_options(p: argparse.ArgumentParser) -> None:
+    """What sweep_ours reads beyond the load's own options (bench/modes.py shares them)."""
+    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="ours' maxBatchDelay")
+    p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
+                   help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
 
 
 def handler_settings(pairs: list[str]) -> dict:

@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", **flag(EngineConfig, "max_seq_len"))
     p.add_argument("--max-new-tokens-cap", **flag(HandlerConfig, "max_new_tokens_cap"))
     p.add_argument("--continuous-call-ms", **flag(HandlerConfig, "continuous_call_ms"),
-                   help="continuous batching: how long one call may go on decoding while no request starts or ends "
+                   help="continuous batching: how long one call may go on decoding while every request in it goes on "
                    "(0: one step per call, a frontend round trip per token)")
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")

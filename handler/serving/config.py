@@ -41,8 +41,8 @@ class HandlerConfig:
     # cache directory (default_cache_dir).
     compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
-    # Continuous batching: how long one call to the worker may go on decoding while no request
-    # starts or ends (0: one step per call; ContinuousService.call_seconds).
+    # Continuous batching: how long one call to the worker may go on decoding while every request
+    # in it goes on (0: one step per call; ContinuousService.call_seconds).
     continuous_call_ms: float = 100.0
     # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->
     # "continuous", neither -> "dynamic" (batchSize/maxBatchDelay).

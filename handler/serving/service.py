@@ -231,11 +231,11 @@ class BaseService:
 
 
 class ContinuousService(BaseService):
-    """`call_seconds`: how long one call may go on stepping while nothing starts or ends (0: one
-    step per call). The frontend sends its next call only after this one's replies, so at one
-    step per call every token costs a round trip through it; several steps share one, at the
-    price of tokens streamed a few at a time and a new request queued in the frontend for up
-    to this long before it is admitted."""
+    """`call_seconds`: how long one call may go on stepping while every request in it goes on
+    (0: one step per call; `_steps_for_this_call`). The frontend sends its next call only after
+    this one's replies, so at one step per call every token costs a round trip through it;
+    several steps share one, at the price of tokens streamed a few at a time and a new request
+    queued in the frontend for up to this long before it is admitted."""
 
     def __init__(self, *args, call_seconds: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
