@@ -103,7 +103,7 @@ Command: `.venv/bin/python bench/modes.py {argv}`. {v['machine']}, CPU profile {
 {v['torch']}. The same .mar settings and load as bench/peer.py ({r['precision']}, {r['batch_size']} slots, streamed
 `/v1/completions`, greedy, {r['output_tokens']} tokens, `ignore_eos`), one mode at a time. *continuous*: the
 frontend sends every live request back to the worker for each call (a decode step, or a few within
-`continuous_call_ms` {r.get('continuous_call_ms', 'n/a')}); *async*: the worker's engine loop
+`continuous_call_ms` {r['continuous_call_ms']:g} ms); *async*: the worker's engine loop
 (`--batching async`) admits, steps and streams on its own.
 
 | mode | clients | requests | errors | output tok/s | TTFT p50/p99 s | ITL p50 s |

@@ -8,9 +8,11 @@ its `Delivery` (which writes them to TorchServe's socket, from this thread). Mea
 machines, once the loading thread releases its OpenMP workers (handler.engine.openmp): on Zen 4
 (bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a token
 halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py, one run per mode) 1.4-1.6x at 1 client and
-1.2-1.5x at 16 (both when a continuous call was one step; continuous_call_ms since). Continuous
-batching stays the default for what this mode lacks: the frontend sends nothing when a client goes
-away, so a request runs to its own end (bounded by its max_new_tokens).
+1.2-1.5x at 16, both when a continuous call was one step. Since continuous calls take several
+steps (continuous_call_ms) this mode serves less: 0.93x at 1 client, 0.90x at 16 (bench/modes.py,
+bf16, Sapphire Rapids). Continuous batching is the default also for what this mode lacks: the
+frontend sends nothing when a client goes away, so a request runs to its own end (bounded by its
+max_new_tokens).
 
 Requests beyond the engine's slots wait in arrival order. gRPC gets each answer in one reply, as in
 continuous mode (token by token needs dynamic mode).
