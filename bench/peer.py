@@ -38,6 +38,7 @@ from handler.engine import platform  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.serving.config import HandlerConfig  # noqa: E402
 from handler.torchserve.launch import Ports, free_port, start_torchserve  # noqa: E402
+from handler.typed_config import flag  # noqa: E402
 
 PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
 SYSTEMS = ("ours", "llama.cpp")
@@ -71,7 +72,7 @@ def parse_args():
 
 def add_ours_options(p: argparse.ArgumentParser) -> None:
     """What sweep_ours reads beyond the load's own options (bench/modes.py shares them)."""
-    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="ours' maxBatchDelay")
+    p.add_argument("--max-batch-delay-ms", **flag(ServingOptions, "max_batch_delay_ms"), help="ours' maxBatchDelay")
     p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
                    help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
 
@@ -87,11 +88,9 @@ def handler_settings(pairs: list[str]) -> dict:
     return settings
 
 
-def continuous_call_ms(args) -> float | None:
+def continuous_call_ms(handler_set: list[str]) -> float:
     """What ours' continuous calls were given (the handler's default unless --handler-set says)."""
-    if args.batching != "continuous":
-        return None
-    return handler_settings(args.handler_set).get("continuous_call_ms", HandlerConfig.continuous_call_ms)
+    return handler_settings(handler_set).get("continuous_call_ms", HandlerConfig.continuous_call_ms)
 
 
 def bodies(n: int, args, system: str) -> list[dict]:
@@ -229,7 +228,8 @@ def main() -> None:
                 pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs[precision], args, Path(tmp))
     result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
-              "max_batch_delay_ms": args.max_batch_delay_ms, "continuous_call_ms": continuous_call_ms(args), "concurrency": args.concurrency,
+              "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
+              "continuous_call_ms": continuous_call_ms(args.handler_set) if args.batching == "continuous" else None,
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)

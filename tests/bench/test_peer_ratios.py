@@ -1,4 +1,5 @@
-"""bench/peer.py's ratios (pure arithmetic) and loadgen's reading of OpenAI server-sent events."""
+"""bench/peer.py's ratios (pure arithmetic) and its --handler-set reading, and loadgen's reading
+of OpenAI server-sent events."""
 from __future__ import annotations
 
 import sys
@@ -47,3 +48,14 @@ def test_server_sent_events_content_usage_and_done() -> None:
     assert loadgen._event(usage) == ({"choices": [], "usage": {"completion_tokens": 32}}, False)
     assert loadgen._event(b"data: [DONE]") == (None, False)
     assert loadgen._event(b'{"text": "", "finish_reason": "length"}')[1] is True  # native NDJSON: every line
+
+
+def test_handler_settings_read_their_values_as_yaml() -> None:
+    assert peer.handler_settings(["continuous_call_ms=0", "prefix_caching=false"]) == {
+        "continuous_call_ms": 0, "prefix_caching": False}
+    assert peer.continuous_call_ms(["continuous_call_ms=40"]) == 40
+
+
+def test_a_handler_setting_without_a_value_says_what_it_wants() -> None:
+    with pytest.raises(SystemExit, match="--handler-set wants KEY=VALUE, got 'continuous_call_ms'"):
+        peer.handler_settings(["continuous_call_ms"])
