@@ -1,33 +1,42 @@
-"""Side by side with llama.cpp: this handler and `llama-server` serving the same weights (the default
-model's Q4_1 GGUF; BF16 and Q8_0 requantized from it) at each precision, the same streaming load
-against both systems' /v1/completions, one system at a time.
+"""Side by side with llama.cpp at its best: this handler as `./serve.sh` serves it and `llama-server`
+on every GGUF type of the same width made from the same weights, the same streaming load against both
+systems' /v1/completions, one server at a time; ratios are taken against llama.cpp's fastest type at
+each concurrency.
 
     .venv/bin/python bench/peer.py                        # every precision: bf16, int8, int4
-    .venv/bin/python bench/peer.py --precisions int4      # one pair
+    .venv/bin/python bench/peer.py --precisions int4      # ours' int4 against Q4_0, Q4_K_M and Q4_1
+    .venv/bin/python bench/peer.py --model 1b --precisions int4 --concurrency 1 16 --requests 8 32
+                                                          # a 1B-class model: docs/results/peer_1b.json
     .venv/bin/python bench/peer.py --build-only           # build llama.cpp (once, cached) and stop
 
-Pairs serve the same file on both sides: ours `quantization: none` (the bf16 checkpoint, which is
-the Q4_1 file dequantized) with llama.cpp BF16; ours `quantization: gguf` with the Q8_0 file
-beside the checkpoint with llama.cpp Q8_0, and with the Q4_1 file with llama.cpp Q4_1. llama.cpp is built once from the tree vendored in the llama-cpp-python sdist (see
-bench/peer_llamacpp.py; 15-40 minutes on 2 cores) and cached with the GGUFs under
-$XDG_CACHE_HOME/ts-llm/llama.cpp. Writes docs/results/peer.json (+ raw per-request records),
-docs/results/peer.png and the llama.cpp section of docs/benchmarks.md.
+Ours serves the bf16 checkpoint (`quantization: none`; for the default model it is the shipped Q4_1
+file dequantized), the Q8_0 file (`quantization: gguf`) and, for int4, the shipped Q4_1 file (its
+default; Q4_0 for the 1B model, bench/peer_models.py). llama.cpp serves BF16; Q8_0; Q4_0, Q4_K_M and
+Q4_1 (bench/peer_llamacpp.py's GGUF_TYPES). Memory (worker RSS and llama-server RSS after the load)
+and the time ours took to compile are recorded. It is built once from the
+tree vendored in the llama-cpp-python sdist (15-40 minutes on 2 cores) and cached with the GGUFs
+under $XDG_CACHE_HOME/ts-llm/llama.cpp. Client-side time to first token and the gap between
+streamed tokens (p50/p99) are recorded beside tokens/s. Writes docs/results/peer.json (+ raw
+per-request records), docs/results/peer.png and the peer section of docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
 import peer_llamacpp as llamacpp  # noqa: E402
+import peer_models  # noqa: E402
 from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
 from loadgen import raw, run_load, summarize  # noqa: E402
 from serve import PROMPTS  # noqa: E402
@@ -35,17 +44,19 @@ from serve import PROMPTS  # noqa: E402
 from handler.build.archive import build_mar  # noqa: E402
 from handler.build.model_config import ServingOptions, handler_config  # noqa: E402
 from handler.engine import platform  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.serving.config import HandlerConfig  # noqa: E402
 from handler.torchserve.launch import Ports, free_port, start_torchserve  # noqa: E402
 from handler.typed_config import flag  # noqa: E402
 
 PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
+WIDTH = {"bf16": 16, "int8": 8, "int4": 4}
 SYSTEMS = ("ours", "llama.cpp")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=list(peer_models.MODELS), default="default",
+                   help="default: SmolLM2-135M-Instruct; 1b: the Llama-3.2-1B body, random weights (bench/peer_models.py)")
     p.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests", type=int, nargs="+", default=[32, 32, 64, 64],
@@ -62,11 +73,12 @@ def parse_args():
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile: ours forced to it, llama.cpp "
                    "built for it (avx2: explicit AVX2 flags, a build of its own)")
     p.add_argument("--build-only", action="store_true", help="build llama.cpp (cached) and stop")
-    p.add_argument("--out", default="peer", help="results name: docs/results/<out>.json and .png, the <out> section of "
-                   "docs/benchmarks.md (another name keeps a run of some precisions beside the full one)")
+    p.add_argument("--out", help="results name: docs/results/<out>.json and .png, the <out> section of "
+                   "docs/benchmarks.md (default: peer, peer_1b; another name keeps a partial run beside the full one)")
     args = p.parse_args()
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
+    args.out = args.out or peer_models.MODELS[args.model].out
     return args
 
 
@@ -100,7 +112,7 @@ def bodies(n: int, args, system: str) -> list[dict]:
              "ignore_eos": True, "stream_options": {"include_usage": True}, **extra} for i in range(n)]
 
 
-def measure(system: str, precision: str, url: str, headers: dict, args) -> list[dict]:
+def measure(system: str, label: str, url: str, headers: dict, args) -> list[dict]:
     # A connection per request, for both: llama-server closes idle keep-alive connections, and a POST
     # sent on one it just closed fails (RemoteDisconnected) without ever reaching it.
     headers = {**headers, "Connection": "close"}
@@ -112,10 +124,11 @@ def measure(system: str, precision: str, url: str, headers: dict, args) -> list[
         summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
         runs.append(summary)
         (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
-        (RESULTS / "raw" / f"peer_{system}_{precision}_c{conc}.json").write_text(json.dumps(raw(records)))
-        print(f"{system} {precision} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, p99 TTFT "
-              f"{_fmt(summary['ttft_p99_s'])} s, {summary['tokens_per_request']:.1f} tokens/request, "
-              f"errors {summary['errors']}", flush=True)
+        (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{conc}.json").write_text(json.dumps(raw(records)))
+        print(f"{system} {label} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
+              f"{_fmt(summary['ttft_p50_s'])}/{_fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
+              f"{_fmt(summary['itl_p50_s'], 1e3, 1)}/{_fmt(summary['itl_p99_s'], 1e3, 1)} ms, "
+              f"{summary['tokens_per_request']:.1f} tokens/request, errors {summary['errors']}", flush=True)
     return runs
 
 
@@ -132,7 +145,7 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> 
     return out
 
 
-def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) -> dict:
+def sweep_ours(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: Path) -> dict:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision], **handler_settings(args.handler_set)}
     opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, handler=handler)
@@ -144,36 +157,55 @@ def sweep_ours(precision: str, checkpoint: Path, gguf: Path, args, tmp: Path) ->
                           Ports.free())
     try:
         ts.wait_ready("llm", timeout=1800)
-        ts.wait_compiled("llm", time.monotonic() + 1800)  # ready at once; measured once compiled
+        ts.wait_compiled("llm", time.monotonic() + 3600)  # ready at once; measured once compiled
         url = f"{ts.inference_url}/predictions/llm/1.0/v1/completions"
         runs = measure("ours", precision, url, ts.headers(), args)
+        (worker,) = ts.client("llm").describe().workers
+        rss = psutil.Process(int(worker.pid)).memory_info().rss
+        compiled = re.search(r"compiled steps loaded in the background in ([\d.]+) s", ts.model_log())
     finally:
         ts.stop()
-    return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if PRECISIONS[precision] == "gguf" else None, "runs": runs}
+    return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if gguf else None,
+            "worker_rss_bytes": rss, "compiled_after_s": float(compiled[1]) if compiled else None, "runs": runs}
 
 
-def sweep_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
-    server, note = start_llamacpp(precision, build, gguf, args, tmp), None
+def sweep_llamacpp(precision: str, build: dict, ggufs: dict[str, Path], args, tmp: Path) -> dict:
+    """Every GGUF type of the precision's width, and which was fastest at each level."""
+    formats = {kind: sweep_format(kind, build, ggufs[kind], args, tmp) for kind in llamacpp.GGUF_TYPES[precision]}
+    return {"formats": formats, "fastest": fastest(formats, args.concurrency)}
+
+
+def fastest(formats: dict, concurrency: list[int]) -> dict[str, str | None]:
+    """{level: the type with the most output tokens/s there} (None where no type ran it)."""
+    out = {}
+    for c in concurrency:
+        speeds = {k: r["output_tokens_per_s"] for k, f in formats.items() for r in f["runs"] if r["concurrency"] == c}
+        out[str(c)] = max(speeds, key=speeds.__getitem__) if speeds else None
+    return out
+
+
+def sweep_format(kind: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
+    server, note = start_llamacpp(kind, build, gguf, args, tmp), None
     if server is None:
         # Seen on Sapphire Rapids (2-core VM): every Q8_0 / Q4_1 model segfaults while ggml repacks
         # it into its AMX buffer (upstream: ggml-org/llama.cpp#20824). Without repacking it runs
         # its plain AVX-512 quantized kernels; the results say so.
         note = "llama-server crashed (SIGSEGV) loading the model with weight repacking on; measured with --no-repack"
-        print(f"llama.cpp {precision}: {note}", flush=True)
-        server = start_llamacpp(precision, build, gguf, args, tmp, extra=("--no-repack",))
+        print(f"llama.cpp {kind}: {note}", flush=True)
+        server = start_llamacpp(kind, build, gguf, args, tmp, extra=("--no-repack",))
     try:
-        runs = measure("llama.cpp", precision, f"{server.url}/v1/completions", {}, args)
+        runs = measure("llama.cpp", kind, f"{server.url}/v1/completions", {}, args)
+        rss = psutil.Process(server.proc.pid).memory_info().rss
     finally:
         server.stop()
-    return {"gguf": gguf.name, "gguf_type": llamacpp.GGUF_TYPES[precision], "args": server.args, "note": note,
-            "runs": runs}
+    return {"gguf": gguf.name, "args": server.args, "note": note, "rss_bytes": rss, "runs": runs}
 
 
-def start_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path,
+def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path,
                    extra: tuple[str, ...] = ()) -> llamacpp.LlamaServer | None:
     """A healthy llama-server, or None when it segfaulted while loading and repacking was on."""
     server = llamacpp.LlamaServer(build["binaries"]["llama-server"], gguf, free_port(), args.threads,
-                                  args.batch_size, args.ctx, tmp / f"llama-server-{precision}.log", extra)
+                                  args.batch_size, args.ctx, tmp / f"llama-server-{kind}.log", extra)
     try:
         server.wait_ready()
         return server
@@ -185,28 +217,36 @@ def start_llamacpp(precision: str, build: dict, gguf: Path, args, tmp: Path,
 
 
 def ratios(pairs: dict, concurrency: list[int]) -> dict:
-    """Per pair, ours / llama.cpp output tok/s at each level; the top-level keys (None where a side
-    is missing): ratio_c1_<p>, ratio_c16_<p>, and ttft_p99_ratio_c16 for the precision with ours'
-    best throughput at 16 clients."""
+    """Per pair, ours against llama.cpp's fastest type at each level: tokens/s ours / theirs, and
+    TTFT p50 and inter-token gap p99 ours / that run's. Top-level keys (None where a side is missing):
+    ratio_best<width>_c<level> for every precision and level; for int4, ttft_p50_ratio_c16 and
+    itl_p99_ratio_c1."""
     out: dict = {}
-    best = None
-    for precision in PRECISIONS:
+    for precision, width in WIDTH.items():
         pair = pairs.get(precision) or {}
         ours = {r["concurrency"]: r for r in (pair.get("ours") or {}).get("runs", [])}
-        theirs = {r["concurrency"]: r for r in (pair.get("llama.cpp") or {}).get("runs", [])}
-        per_level = {}
-        for c in concurrency:
-            a, b = ours.get(c), theirs.get(c)
-            per_level[c] = a["output_tokens_per_s"] / b["output_tokens_per_s"] if a and b and b["output_tokens_per_s"] else None
+        theirs = pair.get("llama.cpp") or {}
+        best = {c: _run_of(theirs, (theirs.get("fastest") or {}).get(str(c)), c) for c in concurrency}
+        by_level = {str(c): {"tokens_per_s": _ratio(ours.get(c), best[c], "output_tokens_per_s"),
+                             "ttft_p50": _ratio(ours.get(c), best[c], "ttft_p50_s"),
+                             "itl_p99": _ratio(ours.get(c), best[c], "itl_p99_s")} for c in concurrency}
         if pair:
-            pair["ratio_by_concurrency"] = {str(c): v for c, v in per_level.items()}
-        out[f"ratio_c1_{precision}"] = per_level.get(1)
-        out[f"ratio_c16_{precision}"] = per_level.get(16)
-        if per_level.get(16) is not None and (best is None or ours[16]["output_tokens_per_s"] > best[0]):
-            best = (ours[16]["output_tokens_per_s"], precision, ours[16]["ttft_p99_s"], theirs[16]["ttft_p99_s"])
-    out["ttft_p99_ratio_c16"] = best[2] / best[3] if best and best[2] is not None and best[3] else None
-    out["ttft_p99_ratio_c16_precision"] = best[1] if best else None
+            pair["ratio_by_concurrency"] = by_level
+        for c in concurrency:
+            out[f"ratio_best{width}_c{c}"] = by_level[str(c)]["tokens_per_s"]
+        if precision == "int4":
+            out["ttft_p50_ratio_c16"] = (by_level.get("16") or {}).get("ttft_p50")
+            out["itl_p99_ratio_c1"] = (by_level.get("1") or {}).get("itl_p99")
     return out
+
+
+def _run_of(side: dict, kind: str | None, c: int) -> dict | None:
+    runs = ((side.get("formats") or {}).get(kind) or {}).get("runs", [])
+    return next((r for r in runs if r["concurrency"] == c), None)
+
+
+def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
+    return a[key] / b[key] if a and b and a.get(key) is not None and b.get(key) else None
 
 
 def main() -> None:
@@ -216,17 +256,21 @@ def main() -> None:
     print(f"llama.cpp {build['commit']} ({build['profile']}): {Path(build['binaries']['llama-server']).parent}")
     if args.build_only:
         return
-    ggufs = llamacpp.ensure_ggufs(build, args.precisions)
-    checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
+    model = peer_models.MODELS[args.model]
+    checkpoint = peer_models.checkpoint(model)
+    kinds = [k for p in args.precisions for k in llamacpp.GGUF_TYPES[p]]
+    ggufs = peer_models.ggufs(model, build, checkpoint, kinds + [model.ours_gguf[p] for p in args.precisions
+                                                                 if p in model.ours_gguf])
     pairs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions:
             pairs[precision] = {}
             if "ours" in args.systems:
-                pairs[precision]["ours"] = sweep_ours(precision, checkpoint, ggufs[precision], args, Path(tmp))
+                gguf = ggufs.get(model.ours_gguf.get(precision, ""))
+                pairs[precision]["ours"] = sweep_ours(precision, checkpoint, gguf, args, Path(tmp))
             if "llama.cpp" in args.systems:
-                pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs[precision], args, Path(tmp))
-    result = {"model": "SmolLM2-135M-Instruct", "output_tokens": args.output_tokens, "versions": versions(),
+                pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs, args, Path(tmp))
+    result = {"model": model.name, "ours_gguf": model.ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               "continuous_call_ms": continuous_call_ms(args.handler_set) if args.batching == "continuous" else None,
@@ -237,29 +281,40 @@ def main() -> None:
     write_section(args.out, markdown(result, " ".join(sys.argv[1:]), args.out))
 
 
+def sides(r: dict):
+    """(precision, label, runs) for ours and each llama.cpp type, in the order they ran."""
+    for precision, pair in r["pairs"].items():
+        if pair.get("ours"):
+            yield precision, f"ours {precision}", pair["ours"]
+        for kind, side in ((pair.get("llama.cpp") or {}).get("formats") or {}).items():
+            yield precision, f"llama.cpp {kind}", side
+
+
 def plot(r: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for i, (precision, pair) in enumerate(r["pairs"].items()):
-        for system, style in (("ours", "o-"), ("llama.cpp", "s--")):
-            runs = (pair.get(system) or {}).get("runs") or []
-            if runs:
-                label = f"{system} {precision}"
-                xs = [x["concurrency"] for x in runs]
-                axes[0].plot(xs, [x["output_tokens_per_s"] for x in runs], style, color=f"C{i}", label=label)
-                axes[1].plot(xs, [x["ttft_p99_s"] for x in runs], style, color=f"C{i}", label=label)
-    for ax, label in zip(axes, ("output tokens/s", "p99 time to first token (s)")):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    panels = (("output_tokens_per_s", "output tokens/s", 1), ("ttft_p50_s", "time to first token p50 (s)", 1),
+              ("itl_p99_s", "gap between tokens p99 (ms)", 1e3))
+    for i, (_, label, side) in enumerate(sides(r)):
+        runs = side.get("runs") or []
+        style = "o-" if label.startswith("ours") else "s--"
+        for ax, (key, _, scale) in zip(axes, panels):
+            points = [(x["concurrency"], x[key] * scale) for x in runs if x.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), style, color=f"C{i}", label=label)
+    for ax, (_, label, _) in zip(axes, panels):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     axes[1].set_yscale("log")
-    fig.suptitle(f"SmolLM2-135M: this handler vs llama-server ({r['llama_cpp']['commit']}), "
-                 f"{r['output_tokens']} output tokens per request", fontsize=10)
+    axes[2].set_yscale("log")
+    fig.suptitle(f"{r['model']}: this handler vs llama-server ({r['llama_cpp']['commit']}) on every GGUF type of each "
+                 f"width, {r['output_tokens']} output tokens per request, {r['versions']['machine']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -274,42 +329,44 @@ def _call_ms(r: dict) -> str:
 
 def markdown(r: dict, argv: str, out: str) -> str:
     rows, v, ll = [], r["versions"], r["llama_cpp"]
-    for precision, pair in r["pairs"].items():
-        for system in SYSTEMS:
-            side = pair.get(system)
-            if side is None:
-                continue
-            if not side.get("runs"):
-                rows.append(f"| {precision} | {system} | - | - | - | {side.get('error', 'not run')} | | |")
-            for x in side.get("runs", []):
-                ratio = pair.get("ratio_by_concurrency", {}).get(str(x["concurrency"])) if system == "ours" else None
-                rows.append(f"| {precision} | {system} | {x['concurrency']} | {x['requests']} | {x['errors']} | "
-                            f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
-                            f"{_fmt(ratio) if system == 'ours' else ''} |")
-    ratio_line = ", ".join(f"{p} {_fmt(r.get(f'ratio_c1_{p}'))} / {_fmt(r.get(f'ratio_c16_{p}'))}" for p in PRECISIONS)
+    for precision, label, side in sides(r):
+        pair = r["pairs"][precision]
+        if not side.get("runs"):
+            rows.append(f"| {precision} | {label} | - | - | - | {side.get('error', 'not run')} | | | |")
+        for x in side.get("runs", []):
+            c = str(x["concurrency"])
+            best = (pair.get("llama.cpp") or {}).get("fastest", {}).get(c)
+            mark = " (fastest)" if label == f"llama.cpp {best}" else ""
+            ratio = (pair.get("ratio_by_concurrency") or {}).get(c, {}).get("tokens_per_s") if label.startswith("ours") else None
+            rows.append(f"| {precision} | {label}{mark} | {c} | {x['requests']} | {x['errors']} | "
+                        f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
+                        f"{_fmt(x['itl_p50_s'], 1e3, 1)} / {_fmt(x['itl_p99_s'], 1e3, 1)} | {_fmt(ratio)} |")
+    keys = [k for k in r if k.startswith(("ratio_best", "ttft_p50_ratio", "itl_p99_ratio"))]
+    key_line = ", ".join(f"`{k}` {_fmt(r[k])}" for k in keys)
     forced = " forced" if v.get("cpu_profile_forced") else ""
     only = "" if list(r["pairs"]) == list(PRECISIONS) else f", {', '.join(r['pairs'])} only"
     title = f": {v.get('cpu_profile')}{forced}, {r.get('batching', 'continuous')}{only}"
-    notes = "".join(f"\n*llama.cpp {p}*: {pair['llama.cpp']['note']}." for p, pair in r["pairs"].items()
-                    if (pair.get("llama.cpp") or {}).get("note"))
-    return f"""## Side by side with llama.cpp (llama-server){title}
+    notes = "".join(f"\n*llama.cpp {k}*: {side['note']}." for _, label, side in sides(r) if side.get("note")
+                    for k in [label.split()[-1]])
+    return f"""## Side by side with llama.cpp at its best (llama-server){title}
 
 Command: `.venv/bin/python bench/peer.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
-llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), {v['machine']},
-CPU profile {v.get('cpu_profile')}. The same weights on both sides: the default model's Q4_1 GGUF, and BF16 / Q8_0
-files requantized from it by `llama-quantize`; ours serves the bf16 checkpoint (`quantization: none`; it is the Q4_1
-file dequantized) and, for int8 / int4, the very Q8_0 / Q4_1 file llama.cpp serves (`quantization: gguf`). Both get the same streamed `/v1/completions` requests, one system at a time: greedy,
-{r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15 words, a fixed request count per level.
+llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), **{v['machine']}**,
+CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on every side: ours serves the bf16 checkpoint
+and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp serves every GGUF type of the same width made from the same
+weights by `llama-quantize`, and each ratio is ours against the **fastest** of them at that concurrency. Both get the
+same streamed `/v1/completions` requests, one server at a time: greedy, {r['output_tokens']} tokens each
+(`ignore_eos`), prompts of 10-15 words, a fixed request count per level. TTFT = first streamed content, client side;
+the gap is between consecutive streamed chunks of one request, client side.
 *ours*: `--batching {r.get('batching', 'continuous')}`{_call_ms(r)}, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
-`cache_prompt: false` (ours keeps no prompt cache), a new connection per request. TTFT = first streamed content.{notes}
+`cache_prompt: false` (ours keeps no prompt cache), a new connection per request.{notes}
 
-| precision | system | clients | requests | errors | output tok/s | TTFT p50/p99 s | ours / llama.cpp tok/s |
-|---|---|---|---|---|---|---|---|
+| precision | server | clients | requests | errors | output tok/s | TTFT p50/p99 s | gap p50/p99 ms | ours / fastest tok/s |
+|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Throughput ratio ours / llama.cpp at 1 / 16 clients: {ratio_line}. p99 TTFT ratio at 16 clients (ours / llama.cpp,
-{r.get('ttft_p99_ratio_c16_precision') or 'n/a'}): {_fmt(r.get('ttft_p99_ratio_c16'), digits=3)}.
+Ours / llama.cpp's fastest type of the same width: {key_line}.
 
 ![{out}](results/{out}.png)
 """

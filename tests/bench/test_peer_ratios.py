@@ -12,31 +12,41 @@ import loadgen  # noqa: E402
 import peer  # noqa: E402
 
 
-def side(*levels: tuple[int, float, float]) -> dict:
-    return {"runs": [{"concurrency": c, "output_tokens_per_s": tps, "ttft_p99_s": ttft, "errors": 0} for c, tps, ttft in levels]}
+def runs(*levels: tuple[int, float, float, float]) -> dict:
+    """(concurrency, tok/s, TTFT p50, gap p99) per level."""
+    return {"runs": [{"concurrency": c, "output_tokens_per_s": tps, "ttft_p50_s": ttft, "itl_p99_s": itl, "errors": 0}
+                     for c, tps, ttft, itl in levels]}
 
 
-def test_ratios_per_precision_and_the_ttft_ratio_of_ours_best_c16() -> None:
-    pairs = {
-        "bf16": {"ours": side((1, 50, 0.1), (16, 400, 0.4)), "llama.cpp": side((1, 100, 0.05), (16, 200, 0.8))},
-        "int4": {"ours": side((1, 60, 0.1), (16, 500, 0.3)), "llama.cpp": side((1, 120, 0.05), (16, 1000, 0.1))},
-        "int8": {"ours": {"error": "config refused", "runs": []}, "llama.cpp": side((1, 110, 0.05), (16, 600, 0.2))},
-    }
+def llamacpp(fastest: dict, **formats: dict) -> dict:
+    return {"formats": formats, "fastest": fastest}
+
+
+def test_ratios_are_taken_against_the_fastest_type_at_each_level() -> None:
+    pairs = {"int4": {"ours": runs((1, 100, 0.05, 0.012), (16, 400, 0.2, 0.05)),
+                      "llama.cpp": llamacpp({"1": "Q4_0", "16": "Q4_K_M"},
+                                            Q4_0=runs((1, 200, 0.04, 0.008), (16, 300, 0.1, 0.03)),
+                                            Q4_K_M=runs((1, 150, 0.04, 0.010), (16, 500, 0.4, 0.04)))}}
     out = peer.ratios(pairs, [1, 16])
-    assert out["ratio_c1_bf16"] == pytest.approx(0.5)
-    assert out["ratio_c16_bf16"] == pytest.approx(2.0)
-    assert out["ratio_c1_int4"] == pytest.approx(0.5)
-    assert out["ratio_c16_int4"] == pytest.approx(0.5)
-    assert out["ratio_c1_int8"] is None and out["ratio_c16_int8"] is None
-    assert out["ttft_p99_ratio_c16_precision"] == "int4"  # ours' best c16 throughput
-    assert out["ttft_p99_ratio_c16"] == pytest.approx(3.0)
-    assert pairs["bf16"]["ratio_by_concurrency"] == {"1": pytest.approx(0.5), "16": pytest.approx(2.0)}
+    assert out["ratio_best4_c1"] == pytest.approx(0.5)  # against Q4_0's 200
+    assert out["ratio_best4_c16"] == pytest.approx(0.8)  # against Q4_K_M's 500
+    assert out["ttft_p50_ratio_c16"] == pytest.approx(0.5)  # the Q4_K_M c16 run's 0.4 s
+    assert out["itl_p99_ratio_c1"] == pytest.approx(1.5)  # the Q4_0 c1 run's 8 ms
+    assert pairs["int4"]["ratio_by_concurrency"]["16"]["tokens_per_s"] == pytest.approx(0.8)
 
 
-def test_missing_precisions_are_null() -> None:
-    out = peer.ratios({"int4": {"llama.cpp": side((1, 100, 0.1))}}, [1, 16])
-    assert all(out[f"ratio_c{c}_{p}"] is None for c in (1, 16) for p in ("bf16", "int8", "int4"))
-    assert out["ttft_p99_ratio_c16"] is None
+def test_missing_sides_are_null() -> None:
+    pairs = {"int4": {"llama.cpp": llamacpp({"1": "Q4_0"}, Q4_0=runs((1, 100, 0.1, 0.01)))},
+             "bf16": {"ours": {"error": "config refused", "runs": []},
+                      "llama.cpp": llamacpp({"1": "BF16"}, BF16=runs((1, 90, 0.1, 0.01)))}}
+    out = peer.ratios(pairs, [1, 16])
+    assert all(out[f"ratio_best{w}_c{c}"] is None for c in (1, 16) for w in (4, 8, 16))
+    assert out["ttft_p50_ratio_c16"] is None and out["itl_p99_ratio_c1"] is None
+
+
+def test_the_fastest_type_at_each_level_is_named() -> None:
+    formats = {"Q4_0": runs((1, 200, 0.1, 0.01), (16, 300, 0.1, 0.01)), "Q4_1": runs((1, 100, 0.1, 0.01), (16, 350, 0.1, 0.01))}
+    assert peer.fastest(formats, [1, 16, 64]) == {"1": "Q4_0", "16": "Q4_1", "64": None}
 
 
 def test_server_sent_events_content_usage_and_done() -> None:

@@ -22,6 +22,15 @@ class KernelBuildError(RuntimeError):
     """The CPU kernels could not be built (no C compiler?); the message has the compiler's."""
 
 
+def source(targets: tuple[str, ...]) -> str:
+    """The kernels' translation unit; quantized.c gets `targets` (GCC target features the CPU has
+    beyond the profile's -march, e.g. avx512vnni) and no other file does."""
+    quantized, *rest = (p.read_text() for p in SOURCES)
+    if targets:
+        quantized = f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{quantized}\n#pragma GCC pop_options\n'
+    return "\n".join([quantized, *rest])
+
+
 @functools.cache
 def load() -> None:
     """Build (or find in the cache) and load the kernels: from then on the ops run on CPU tensors
@@ -30,11 +39,11 @@ def load() -> None:
 
     from handler.engine import platform
 
-    platform.current()  # applies the profile's -march before anything is compiled
+    plat = platform.current()  # applies the profile's -march before anything is compiled
     start = time.perf_counter()
     try:
         # needs_vec_isa: the profile's vector ISA flags
-        CppCodeCache.load("\n".join(p.read_text() for p in SOURCES), needs_vec_isa=True)
+        CppCodeCache.load(source(plat.kernel_targets), needs_vec_isa=True)
     except Exception as err:  # Inductor raises its own CppCompileError (and OSError without a compiler)
         raise KernelBuildError(f"building the CPU kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
     log.info("CPU kernels loaded in %.1f s", time.perf_counter() - start)

@@ -1,0 +1,71 @@
+"""The models bench/peer.py compares on: the default one (SmolLM2-135M-Instruct, from its shipped
+Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16 layers, 32 query / 8 KV heads,
+MLP 8192, tied embeddings, llama3 rope scaling) with random weights and the default model's
+tokenizer. Decode speed depends on the shapes, not the values, and the bench asks for exactly
+`output_tokens` tokens (`ignore_eos`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import peer_llamacpp as llamacpp
+from common import REPO
+
+from handler.engine.convert import ensure_default_checkpoint
+
+CHECKPOINTS = REPO / "artifacts" / "checkpoints"
+
+
+@dataclass(frozen=True)
+class PeerModel:
+    key: str  # --model
+    name: str  # in the results
+    out: str  # the results' default name
+    ours_gguf: dict[str, str]  # precision -> the GGUF type ours serves beside the checkpoint
+
+
+MODELS = {m.key: m for m in (
+    # ours serves the shipped Q4_1 file, as ./serve.sh does
+    PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_1"}),
+    # no shipped file: ours takes the 4-bit type a llama.cpp user would pick (the same int4 kernels)
+    PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0"}),
+)}
+
+ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+         "tie_word_embeddings": True,
+         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+
+
+def checkpoint(model: PeerModel) -> Path:
+    default = ensure_default_checkpoint(CHECKPOINTS / "smollm2-135m-instruct")
+    return default if model.key == "default" else random_1b(CHECKPOINTS / "llama-1b-random", default)
+
+
+def ggufs(model: PeerModel, build: dict, ckpt: Path, kinds: list[str]) -> dict[str, Path]:
+    if model.key == "default":
+        return llamacpp.default_ggufs(build, kinds)
+    return llamacpp.checkpoint_ggufs(build, ckpt, kinds)
+
+
+def random_1b(out_dir: Path, tokenizer_from: Path) -> Path:
+    """A bf16 safetensors checkpoint with the 1B body and random weights (made once, ~2 GB)."""
+    marker = out_dir / "peer-model.json"
+    if marker.is_file() and json.loads(marker.read_text()) == ONE_B:
+        return out_dir
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    print(f"random 1B-class checkpoint -> {out_dir}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", **ONE_B)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    marker.write_text(json.dumps(ONE_B))
+    return out_dir
