@@ -82,24 +82,50 @@ typedef struct {
     float *sum;     /* [K/32], sum of the unrounded x: the int4 minimum's term */
 } RoundedRow;
 
-static RoundedRow round_row(const float *x, int64_t K) {
-    RoundedRow r = {(int8_t *)malloc(K), (float *)malloc(sizeof(float) * (K / BLOCK)),
-                    (float *)malloc(sizeof(float) * (K / BLOCK))};
-    for (int64_t b = 0; b < K / BLOCK; b++) {
-        float amax = 0, sum = 0;
-        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) {
-            amax = fmaxf(amax, fabsf(x[k]));
-            sum += x[k];
-        }
-        const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) r.q[k] = (int8_t)lrintf(x[k] * inv);
-        r.scale[b] = scale;
-        r.sum[b] = sum;
-    }
-    return r;
+/* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale and its sum. */
+#if defined(__AVX2__)
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum) {
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                       _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    const f8 a = (f8)amax8, t = (f8)_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]));
+    float amax = 0, total = 0;
+    for (int j = 0; j < 8; j++) amax = a[j] > amax ? a[j] : amax, total += t[j];
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    __m256i i[4];
+    for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  /* MXCSR: to nearest even */
+    /* the packs work per 128-bit half: dwords come out as 0 lo, 1 lo, 2 lo, 3 lo | 0 hi, ..., put back in order */
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    *scale = amax / 127.0f;
+    *sum = total;
 }
+#else
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum) {
+    float amax = 0, total = 0;
+    for (int k = 0; k < BLOCK; k++) amax = fmaxf(amax, fabsf(x[k])), total += x[k];
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int k = 0; k < BLOCK; k++) q[k] = (int8_t)lrintf(x[k] * inv);
+    *scale = amax / 127.0f;
+    *sum = total;
+}
+#endif
 
-static void free_row(RoundedRow r) { free(r.q); free(r.scale); free(r.sum); }
+/* The M rows of x rounded, in one allocation (free_rows frees it). */
+static RoundedRow *round_rows(const float *x, int64_t M, int64_t K) {
+    const int64_t blocks = K / BLOCK;
+    char *mem = (char *)malloc(M * (sizeof(RoundedRow) + K + 2 * sizeof(float) * blocks));
+    RoundedRow *rows = (RoundedRow *)mem;
+    float *floats = (float *)(mem + M * sizeof(RoundedRow));
+    int8_t *bytes = (int8_t *)(floats + 2 * M * blocks);
+    for (int64_t r = 0; r < M; r++) {
+        rows[r] = (RoundedRow){bytes + r * K, floats + 2 * r * blocks, floats + (2 * r + 1) * blocks};
+        for (int64_t b = 0; b < blocks; b++)
+            round_block(x + r * K + b * BLOCK, rows[r].q + b * BLOCK, rows[r].scale + b, rows[r].sum + b);
+    }
+    return rows;
+}
 
 /* The 8 rows' sum(q * xq) over one block of 32 columns: lane r is row r. A block's weights are
  * loaded (and, int4, split into nibbles) once as a Block and multiplied with each x row's block.
@@ -254,9 +280,7 @@ extern "C"
 #endif
 void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
                              float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
-    RoundedRow *rows = (RoundedRow *)malloc(sizeof(RoundedRow) * M);
-    for (int64_t r = 0; r < M; r++) rows[r] = round_row(x + r * K, K);
+    RoundedRow *rows = round_rows(x, M, K);
     linear(bits, rows, q, d, m, y, M, N, K, G, threads);
-    for (int64_t r = 0; r < M; r++) free_row(rows[r]);
     free(rows);
 }
