@@ -48,7 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens-cap", **flag(HandlerConfig, "max_new_tokens_cap"))
     p.add_argument("--continuous-call-ms", **flag(HandlerConfig, "continuous_call_ms"),
                    help="continuous batching: how long one call may go on decoding while every request in it goes on "
-                   "(0: one step per call, a frontend round trip per token)")
+                   "(0: one step per call, each token streamed as it is decoded)")
+    p.add_argument("--no-step-ahead", dest="continuous_step_ahead", action="store_false",
+                   help="continuous batching: step only inside a call, not while the frontend sends the next one")
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device, "compile": args.compile,
                    "quantization": args.quantization, "group_size": args.group_size, "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
-                   "continuous_call_ms": args.continuous_call_ms}
+                   "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)

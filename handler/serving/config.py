@@ -42,8 +42,11 @@ class HandlerConfig:
     compile_cache_dir: str | None = None
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
     # Continuous batching: how long one call to the worker may go on decoding while every request
-    # in it goes on (0: one step per call; ContinuousService.call_seconds).
-    continuous_call_ms: float = 100.0
+    # in it goes on (0: one step per call, each token streamed as it is decoded;
+    # ContinuousService.call_seconds), and whether the next step runs while the frontend sends
+    # the next call (ContinuousService.step_ahead).
+    continuous_call_ms: float = 0.0
+    continuous_step_ahead: bool = True
     # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->
     # "continuous", neither -> "dynamic" (batchSize/maxBatchDelay).
     batching: Literal["continuous", "async", "dynamic"] = "continuous"

@@ -79,6 +79,7 @@ class LLMHandler(BaseHandler):
         if service_cls is ContinuousService:
             logging.getLogger("ts.metrics.caching_metric").addFilter(_not_per_step_metric)
             mode_args["call_seconds"] = cfg.continuous_call_ms / 1000
+            mode_args["step_ahead"] = cfg.continuous_step_ahead
         flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
                                    cutting=flag.cutting if flag else lambda: False, **mode_args)

@@ -28,6 +28,7 @@ from handler.engine.sampling import TokenLogprob
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
+from handler.serving.step_thread import StepThread
 
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
@@ -233,15 +234,23 @@ class BaseService:
 class ContinuousService(BaseService):
     """`call_seconds`: how long one call may go on stepping while every request in it goes on
     (0: one step per call; `_steps_for_this_call`). The frontend sends its next call only after
-    this one's replies, so at one step per call every token costs a round trip through it;
+    this one's replies, so at one step per call every token waits for a round trip through it;
     several steps share one, at the price of tokens streamed a few at a time and a new request
-    queued in the frontend for up to this long before it is admitted."""
+    queued in the frontend for up to this long before it is admitted.
 
-    def __init__(self, *args, call_seconds: float = 0.0, **kwargs):
+    `step_ahead`: after answering a call, run the next step on a thread of its own
+    (handler.serving.step_thread) while the frontend sends the next call, which is answered with
+    that step's tokens: a token a step, without the round trip in between. A request the next call
+    no longer carries is cancelled then (its step ahead computed one token nobody reads); one
+    admitted by a call is prefilled by the step after it."""
+
+    def __init__(self, *args, call_seconds: float = 0.0, step_ahead: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.call_seconds = call_seconds
+        self._steps = StepThread() if step_ahead else None
 
     def handle(self, batch: list[Incoming]) -> list[Reply]:
+        ahead = self._steps.wait() if self._steps else None  # the step run since the last reply
         present = {inc.request_id for inc in batch}
         for gone in [rid for rid in self.live if rid not in present]:
             # The frontend stopped sending it: the client went away or timed out.
@@ -254,13 +263,19 @@ class ContinuousService(BaseService):
         refused |= self._start_waiting()
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
-        if self.engine.running:
+        if self.engine.running and not ahead:
             self._steps_for_this_call()
         # gRPC requests must be answered whole, now (see module docstring); the rest keep pace.
         while any(not self.live[i.request_id].http and self.live[i.request_id].finish_reason is None
                   for i in batch if i.request_id in self.live):
             self._step()
-        return [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
+        replies = [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
+        if self._steps and self.engine.running and not self.cutting():
+            self._steps.start(super()._step)
+        return replies
+
+    def _step(self) -> list[StepOutput]:
+        return super()._step() if self._steps is None else self._steps.run(super()._step)
 
     def _steps_for_this_call(self) -> None:
         """One step, then more while every output continues a sample that already showed text

@@ -6,6 +6,9 @@ text is known; the real-engine versions of the streaming tests are in test_servi
 from __future__ import annotations
 
 import json
+import threading
+
+import pytest
 
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
@@ -256,3 +259,57 @@ def test_a_matcher_that_cannot_start_is_a_400_and_takes_no_slot():
     assert replies["a"][0].status == 400
     assert json.loads(replies["a"][0].body)["error"]["message"] == "`response_format`: invalid JSON schema: too complex"
     assert service.engine.free_slots == 4 and not service.live
+
+
+# ---- continuous batching, stepping ahead ---------------------------------------------------------
+
+def ahead(slots: int = 4, sink: RecordingSink | None = None) -> ContinuousService:
+    return continuous(slots, sink, step_ahead=True)
+
+
+def test_stepping_ahead_answers_each_call_with_the_step_run_since_the_last():
+    service = ahead()
+    steps = []
+    step = service.engine.step
+    service.engine.step = lambda: steps.append(1) or step()
+    replies = drive(service, [Incoming("a", req("a", n=4, stream=True), True)])["a"]
+    assert pieces_per_reply(replies) == [1, 1, 1, 1]
+    assert "".join(p["text"] for p in ndjson(replies)) == "bcde"
+    assert len(steps) == 4  # no step but the one each call answers with
+
+
+def test_every_step_runs_on_the_step_thread():
+    service = ahead()
+    threads = set()
+    step = service.engine.step
+    service.engine.step = lambda: threads.add(threading.current_thread().name) or step()
+    drive(service, [Incoming("a", req("a", n=3, stream=True), True), Incoming("g", req("k", n=2), False)])
+    assert len(threads) == 1 and threading.current_thread().name not in threads
+
+
+def test_a_request_gone_while_its_step_ran_ahead_is_cancelled_and_frees_its_slot():
+    sink = RecordingSink()
+    service = ahead(slots=1, sink=sink)
+    service.handle([Incoming("gone", req(n=20, stream=True), True)])  # its next step runs ahead
+    [reply] = service.handle([Incoming("new", req("k", n=2, stream=True), True)])
+    assert "gone" not in service.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
+    rest = drive(service, [Incoming("new", None, True)])["new"]
+    assert "".join(p["text"] for p in ndjson([reply, *rest])) == "lm"
+
+
+def test_a_new_request_is_prefilled_by_the_step_after_the_call_that_admits_it():
+    service = ahead()
+    service.handle([Incoming("a", req("a", n=8, stream=True), True)])
+    a, b = service.handle([Incoming("a", None, True), Incoming("b", req("k", n=3, stream=True), True)])
+    assert [p["text"] for p in ndjson([a])] == ["c"] and b.body == "" and b.more is True
+    a, b = service.handle([Incoming("a", None, True), Incoming("b", None, True)])
+    assert [p["text"] for p in ndjson([a])] == ["d"] and [p["text"] for p in ndjson([b])] == ["l"]
+
+
+def test_a_step_that_failed_ahead_fails_the_next_call():
+    service = ahead()
+    calls, step = [], service.engine.step
+    service.engine.step = lambda: step() if calls.append(1) or len(calls) < 2 else 1 / 0  # the second step fails
+    service.handle([Incoming("a", req("a", n=8, stream=True), True)])  # runs step 1, starts step 2 ahead
+    with pytest.raises(ZeroDivisionError):
+        service.handle([Incoming("a", None, True)])
