@@ -274,6 +274,8 @@ def main() -> None:
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               "continuous_call_ms": continuous_call_ms(args.handler_set) if args.batching == "continuous" else None,
+              "continuous_step_ahead": handler_settings(args.handler_set).get(
+                  "continuous_step_ahead", HandlerConfig.continuous_step_ahead) if args.batching == "continuous" else None,
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)
@@ -324,7 +326,9 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
 
 
 def _call_ms(r: dict) -> str:
-    return "" if r.get("continuous_call_ms") is None else f" (`continuous_call_ms` {r['continuous_call_ms']:g})"
+    if r.get("continuous_call_ms") is None:
+        return ""
+    return f" (`continuous_call_ms` {r['continuous_call_ms']:g}, `continuous_step_ahead` {r.get('continuous_step_ahead')})"
 
 
 def markdown(r: dict, argv: str, out: str) -> str:

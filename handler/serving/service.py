@@ -1,8 +1,8 @@
 """Request lifecycle over the engine for TorchServe's two batching modes, with no TorchServe in it.
 
 `ContinuousService` is driven once per TorchServe `handle` call in continuousBatching mode: the
-frontend sends every live request each call (a continuing one with no body), we run one engine
-step or a few (`call_seconds`), and answer each with its next piece. `DynamicService` serves a
+frontend sends every live request each call (a continuing one with no body), we answer each with
+its next piece from the step run ahead (or run one step, or a few: `call_seconds`). `DynamicService` serves a
 batch to completion (batchSize/maxBatchDelay mode), streaming through an injected callback. The
 third mode, asyncCommunication, is loop_service.LoopService on this module's BaseService.
 
@@ -232,17 +232,12 @@ class BaseService:
 
 
 class ContinuousService(BaseService):
-    """`call_seconds`: how long one call may go on stepping while every request in it goes on
-    (0: one step per call; `_steps_for_this_call`). The frontend sends its next call only after
-    this one's replies, so at one step per call every token waits for a round trip through it;
-    several steps share one, at the price of tokens streamed a few at a time and a new request
-    queued in the frontend for up to this long before it is admitted.
-
-    `step_ahead`: after answering a call, run the next step on a thread of its own
-    (handler.serving.step_thread) while the frontend sends the next call, which is answered with
-    that step's tokens: a token a step, without the round trip in between. A request the next call
-    no longer carries is cancelled then (its step ahead computed one token nobody reads); one
-    admitted by a call is prefilled by the step after it."""
+    """The frontend sends its next call only after this one's replies. `step_ahead`: meanwhile the
+    next step runs on a thread of its own (handler.serving.step_thread) and the next call is
+    answered with it: a token a step, no round trip in between. A request that call no longer
+    carries is cancelled then; one it admits is prefilled by the step after it. `call_seconds`:
+    how long one call may go on stepping while every request in it goes on (0: one step a call;
+    `_steps_for_this_call`): fewer round trips, tokens streamed a few at a time."""
 
     def __init__(self, *args, call_seconds: float = 0.0, step_ahead: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -252,8 +247,7 @@ class ContinuousService(BaseService):
     def handle(self, batch: list[Incoming]) -> list[Reply]:
         ahead = self._steps.wait() if self._steps else None  # the step run since the last reply
         present = {inc.request_id for inc in batch}
-        for gone in [rid for rid in self.live if rid not in present]:
-            # The frontend stopped sending it: the client went away or timed out.
+        for gone in [rid for rid in self.live if rid not in present]:  # its client went away or timed out
             self.engine.cancel(gone)
             del self.live[gone]
             self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")

@@ -1,5 +1,5 @@
 """Streams in the default continuous mode against a real TorchServe: a token a chunk, and a client
-that goes away frees its slot."""
+that goes away is cancelled."""
 from __future__ import annotations
 
 import json
@@ -32,14 +32,23 @@ def test_each_token_comes_in_a_chunk_of_its_own(server):
     assert len(chunks) == len(pieces) == 12, [len(c.splitlines()) for c in chunks]
 
 
-def test_a_client_that_goes_away_is_cancelled_and_frees_its_slot(server):
-    cancelled = metric(server, "ts_llm_request_failure_total", 'reason="cancelled"')
+def test_a_client_that_goes_away_is_cancelled_within_a_step(server):
+    # The frontend drops a closed stream at its next reply and sends the worker no call for it; the
+    # worker cancels it at the next call it gets (here: the next request's) and has run no step
+    # for it meanwhile beyond the one run ahead.
+    before = {name: metric(server, *name) for name in COUNTERS}
     with stream(server, 64) as r:
-        next(r.iter_lines())  # the first token arrived: the request is running
+        next(r.iter_lines())  # its first token arrived: it is running
+    requests.post(f"{server.inference_url}/predictions/llm", json={"prompt": "Next", "max_new_tokens": 2},
+                  headers=server.headers(), timeout=120).raise_for_status()
     deadline = time.monotonic() + 30  # backend metrics reach the frontend through its log reader
-    while time.monotonic() < deadline:
-        if metric(server, "ts_llm_request_failure_total", 'reason="cancelled"') > cancelled:
-            break
+    while time.monotonic() < deadline and metric(server, *CANCELLED) == before[CANCELLED]:
         time.sleep(0.2)
-    assert metric(server, "ts_llm_request_failure_total", 'reason="cancelled"') == cancelled + 1
+    assert metric(server, *CANCELLED) == before[CANCELLED] + 1
+    assert metric(server, *TOKENS) - before[TOKENS] <= 2 + 4  # the next request's 2, the gone one's first few, not 64
     assert metric(server, "ts_llm_requests_running") == 0
+
+
+CANCELLED = ("ts_llm_request_failure_total", 'reason="cancelled"')
+TOKENS = ("ts_llm_generation_tokens_total", "")
+COUNTERS = (CANCELLED, TOKENS)
