@@ -48,7 +48,7 @@ def main() -> None:
     runs = {}
     for mode in MODES:
         with tempfile.TemporaryDirectory() as tmp:
-            runs[mode] = peer.sweep_ours(args.precision, checkpoint, gguf, argparse.Namespace(**vars(args), batching=mode),
+            runs[mode] = peer.sweep_ours(args.precision, checkpoint, gguf, argparse.Namespace(**vars(args), batching=mode, out="modes"),
                                          Path(tmp))["runs"]
     result = {"model": "SmolLM2-135M-Instruct", "precision": args.precision, "output_tokens": args.output_tokens,
               "batch_size": args.batch_size, "max_batch_delay_ms": args.max_batch_delay_ms,
