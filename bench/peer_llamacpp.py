@@ -198,21 +198,32 @@ def gguf_path(base: Path, kind: str) -> Path:
     return base.with_name(f"{base.name}.{kind}.gguf")
 
 
+CONVERTER_PACKAGES = ("gguf-py", "conversion")  # what convert_hf_to_gguf.py imports from its own tree
+
+
 def converter(build: dict) -> Path:
-    """convert_hf_to_gguf.py of the built tree, with its gguf-py beside it (kept from the sdist)."""
+    """convert_hf_to_gguf.py of the built tree, with the packages it imports beside it (kept from the sdist)."""
     home = Path(build["binaries"]["llama-server"]).parents[1]
     script = home / "convert" / "convert_hf_to_gguf.py"
     if not script.is_file():
         src = _vendored_source(home)
-        shutil.copytree(src / "gguf-py", script.parent / "gguf-py", dirs_exist_ok=True)
+        for package in CONVERTER_PACKAGES:
+            if (src / package).is_dir():
+                shutil.copytree(src / package, script.parent / package, dirs_exist_ok=True)
         shutil.copy2(src / "convert_hf_to_gguf.py", script)
         shutil.rmtree(home / "src")
     return script
 
 
+# Files for ours that llama-quantize makes with options: its Q4_0 keeps the embedding (the tied
+# head) in Q6_K, which ours does not read (yet); this one keeps it in Q8_0 (more bytes a step).
+VARIANTS = {"Q4_0-Q8_0-embedding": (("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"), "Q4_0")}
+
+
 def _quantize(build: dict, source: Path, path: Path, kind: str) -> None:
     partial = path.with_suffix(".partial")
-    cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", str(source), str(partial), kind]
+    options, ftype = VARIANTS.get(kind, ((), kind))
+    cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", *options, str(source), str(partial), ftype]
     print(f"llama-quantize {source.name} -> {kind}", flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:

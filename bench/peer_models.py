@@ -28,8 +28,9 @@ class PeerModel:
 MODELS = {m.key: m for m in (
     # ours serves the shipped Q4_1 file, as ./serve.sh does
     PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_1"}),
-    # no shipped file: ours takes the 4-bit type a llama.cpp user would pick (the same int4 kernels)
-    PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0"}),
+    # no shipped file: ours takes the 4-bit type a llama.cpp user would pick (the same int4 kernels),
+    # its embedding (the tied head) in Q8_0 where llama.cpp's Q4_0 has Q6_K (peer_llamacpp.VARIANTS)
+    PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0-Q8_0-embedding"}),
 )}
 
 ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
