@@ -146,3 +146,13 @@ def test_this_machine_has_a_profile_and_torch_agrees_with_it():
     plat = platform.current()
     assert plat.profile.requires <= plat.features
 
+
+
+@pytest.mark.parametrize("cpuinfo,forced,targets", [
+    (ZEN4, None, ("avx512vnni",)), (SAPPHIRE_RAPIDS, None, ("avx512vnni",)), (ICE_LAKE, None, ("avx512vnni",)),
+    (ICE_LAKE.replace(" avx512_vnni", ""), None, ()),  # Skylake-SP: AVX-512 without VNNI
+    (ZEN4, "avx2", ()), (ZEN3, None, ()),  # a forced lower profile adds nothing its CPUs may lack
+])
+def test_the_kernels_take_vnni_where_the_cpu_has_it_and_the_profile_allows(cpuinfo, forced, targets):
+    environ = {PROFILE_ENV: forced} if forced else {}
+    assert detect(environ, cpuinfo, "x86_64").kernel_targets == targets

@@ -24,3 +24,12 @@ def test_a_missing_compiler_is_a_kernel_build_error(tmp_path):
     run = subprocess.run([sys.executable, "-c", LOAD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert "KernelBuildError: building the CPU kernels (quantized.c, matvec.c, torch_op.cpp) failed" in run.stdout, \
         run.stdout + run.stderr
+
+
+def test_extra_targets_apply_to_the_quantized_kernels_alone():
+    from handler.engine.kernels import build
+
+    source = build.source(("avx512vnni",))
+    begin, end = source.index('#pragma GCC target("avx512vnni")'), source.index("#pragma GCC pop_options")
+    assert "ts_llm_quantized_linear" in source[begin:end] and "ts_llm_bf16_linear(" not in source[begin:end]
+    assert "#pragma GCC target" not in build.source(())
