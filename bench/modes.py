@@ -52,7 +52,7 @@ def main() -> None:
                                          Path(tmp))["runs"]
     result = {"model": "SmolLM2-135M-Instruct", "precision": args.precision, "output_tokens": args.output_tokens,
               "batch_size": args.batch_size, "max_batch_delay_ms": args.max_batch_delay_ms,
-              "continuous_call_ms": peer.continuous_call_ms(args.handler_set),
+              "continuous_call_ms": peer.handler_setting(args.handler_set, "continuous_call_ms"),
               "versions": versions(), **ratios(runs), "runs": runs}
     write_json("modes.json", result)
     plot(result, RESULTS / "modes.png")

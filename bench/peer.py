@@ -100,9 +100,9 @@ def handler_settings(pairs: list[str]) -> dict:
     return settings
 
 
-def continuous_call_ms(handler_set: list[str]) -> float:
-    """What ours' continuous calls were given (the handler's default unless --handler-set says)."""
-    return handler_settings(handler_set).get("continuous_call_ms", HandlerConfig.continuous_call_ms)
+def handler_setting(handler_set: list[str], key: str):
+    """What ours' handler was given for `key`: --handler-set's value, else HandlerConfig's default."""
+    return handler_settings(handler_set).get(key, getattr(HandlerConfig, key))
 
 
 def bodies(n: int, args, system: str) -> list[dict]:
@@ -273,9 +273,8 @@ def main() -> None:
     result = {"model": model.name, "ours_gguf": model.ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
-              "continuous_call_ms": continuous_call_ms(args.handler_set) if args.batching == "continuous" else None,
-              "continuous_step_ahead": handler_settings(args.handler_set).get(
-                  "continuous_step_ahead", HandlerConfig.continuous_step_ahead) if args.batching == "continuous" else None,
+              **{key: handler_setting(args.handler_set, key) if args.batching == "continuous" else None
+                 for key in ("continuous_call_ms", "continuous_step_ahead")},
               "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)

@@ -175,14 +175,11 @@ def checkpoint_ggufs(build: dict, checkpoint: Path, kinds: list[str]) -> dict[st
     bf16 = gguf_path(base, "BF16")
     if not bf16.is_file():
         bf16.parent.mkdir(parents=True, exist_ok=True)
-        partial = bf16.with_suffix(".partial")
-        cmd = [sys.executable, str(converter(build)), str(checkpoint), "--outtype", "bf16", "--outfile", str(partial)]
+        script = converter(build)
         print(f"convert_hf_to_gguf.py {checkpoint.name} -> BF16", flush=True)
-        env = {**os.environ, "PYTHONPATH": str(converter(build).parent / "gguf-py")}  # the tree's own gguf package
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
-        partial.rename(bf16)
+        env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}  # the tree's own gguf package
+        _write(lambda out: [sys.executable, str(script), str(checkpoint), "--outtype", "bf16", "--outfile", str(out)],
+               bf16, env)
     return quantized_ggufs(build, base, kinds)
 
 
@@ -221,11 +218,17 @@ VARIANTS = {"Q4_0-Q8_0-embedding": (("--token-embedding-type", "q8_0", "--output
 
 
 def _quantize(build: dict, source: Path, path: Path, kind: str) -> None:
-    partial = path.with_suffix(".partial")
     options, ftype = VARIANTS.get(kind, ((), kind))
-    cmd = [build["binaries"]["llama-quantize"], "--allow-requantize", *options, str(source), str(partial), ftype]
     print(f"llama-quantize {source.name} -> {kind}", flush=True)
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    _write(lambda out: [build["binaries"]["llama-quantize"], "--allow-requantize", *options, str(source), str(out), ftype],
+           path)
+
+
+def _write(command, path: Path, env: dict | None = None) -> None:
+    """Run `command(partial)`, which writes a file, and move it to `path` only when it succeeded."""
+    partial = path.with_suffix(".partial")
+    cmd = command(partial)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise LlamaCppError(f"`{' '.join(cmd)}` failed:\n{(result.stdout + result.stderr)[-2000:]}")
     partial.rename(path)

@@ -35,6 +35,3 @@ class StepThread:
         """The result of the step started ahead (its exception raised here), None if none was."""
         ahead, self._ahead = self._ahead, None
         return None if ahead is None else ahead.result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)

@@ -63,7 +63,7 @@ def test_server_sent_events_content_usage_and_done() -> None:
 def test_handler_settings_read_their_values_as_yaml() -> None:
     assert peer.handler_settings(["continuous_call_ms=0", "prefix_caching=false"]) == {
         "continuous_call_ms": 0, "prefix_caching": False}
-    assert peer.continuous_call_ms(["continuous_call_ms=40"]) == 40
+    assert peer.handler_setting(["continuous_call_ms=40"], "continuous_call_ms") == 40
 
 
 def test_a_handler_setting_without_a_value_says_what_it_wants() -> None:

@@ -112,7 +112,7 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
 }
 #endif
 
-/* The M rows of x rounded, in one allocation (free_rows frees it). */
+/* The M rows of x rounded, in one allocation: free() it. */
 static RoundedRow *round_rows(const float *x, int64_t M, int64_t K) {
     const int64_t blocks = K / BLOCK;
     char *mem = (char *)malloc(M * (sizeof(RoundedRow) + K + 2 * sizeof(float) * blocks));
