@@ -10,9 +10,9 @@
  *   int4: q [N/8, K/32, 128]: byte 32 c + 4 r + i holds w[8 g + r, 32 b + 8 c + i] in its low
  *         nibble and w[8 g + r, 32 b + 8 c + 4 + i] in its high nibble, c < 4; q in 0..15
  *   d (and m for int4): float16 [N/8, K/G, 8], the 8 rows' scale (minimum) of one group of G
- *         columns side by side; w = d * q (+ m).
- * (GGUF's Q8_0 is int8 with G = 32, Q4_1 int4 with G = 32; Q4_0 is int4 with m = -8 d, exact in
- * float16.)
+ *         columns side by side; w = d * q (+ m), or w = d * (q - 8) for int4 without m.
+ * (GGUF's Q8_0 is int8 with G = 32, Q4_1 int4 with G = 32, Q4_0 int4 without m: its 4.5 bits a
+ * weight are all the kernel reads.)
  *
  * Written with GCC vector extensions where they suffice and with AVX2 intrinsics where they do
  * not: the same source becomes AVX2 or AVX-512 code under Inductor's -march and portable code on
@@ -80,11 +80,12 @@ typedef struct {
     int8_t *q;      /* [K] */
     float *scale;   /* [K/32] */
     float *sum;     /* [K/32], sum of the unrounded x: the int4 minimum's term */
+    int32_t *qsum8; /* [K/32], 8 * sum of q: the term of int4 without m, sum (q - 8) xq = sum q xq - 8 sum xq */
 } RoundedRow;
 
-/* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale and its sum. */
+/* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale, its sum and 8 x q's sum. */
 #if defined(__AVX2__)
-static inline void round_block(const float *x, int8_t *q, float *scale, float *sum) {
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8) {
     const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
@@ -95,34 +96,41 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
     const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
     __m256i i[4];
     for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  /* MXCSR: to nearest even */
+    const i8v isum = (i8v)_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    int32_t qtotal = 0;
+    for (int j = 0; j < 8; j++) qtotal += isum[j];
     /* the packs work per 128-bit half: dwords come out as 0 lo, 1 lo, 2 lo, 3 lo | 0 hi, ..., put back in order */
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     *scale = amax / 127.0f;
     *sum = total;
+    *qsum8 = 8 * qtotal;
 }
 #else
-static inline void round_block(const float *x, int8_t *q, float *scale, float *sum) {
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8) {
     float amax = 0, total = 0;
+    int32_t qtotal = 0;
     for (int k = 0; k < BLOCK; k++) amax = fmaxf(amax, fabsf(x[k])), total += x[k];
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    for (int k = 0; k < BLOCK; k++) q[k] = (int8_t)lrintf(x[k] * inv);
+    for (int k = 0; k < BLOCK; k++) q[k] = (int8_t)lrintf(x[k] * inv), qtotal += q[k];
     *scale = amax / 127.0f;
     *sum = total;
+    *qsum8 = 8 * qtotal;
 }
 #endif
 
 /* The M rows of x rounded, in one allocation: free() it. */
 static RoundedRow *round_rows(const float *x, int64_t M, int64_t K) {
     const int64_t blocks = K / BLOCK;
-    char *mem = (char *)malloc(M * (sizeof(RoundedRow) + K + 2 * sizeof(float) * blocks));
+    char *mem = (char *)malloc(M * (sizeof(RoundedRow) + K + 3 * sizeof(float) * blocks));
     RoundedRow *rows = (RoundedRow *)mem;
     float *floats = (float *)(mem + M * sizeof(RoundedRow));
-    int8_t *bytes = (int8_t *)(floats + 2 * M * blocks);
+    int32_t *ints = (int32_t *)(floats + 2 * M * blocks);
+    int8_t *bytes = (int8_t *)(ints + M * blocks);
     for (int64_t r = 0; r < M; r++) {
-        rows[r] = (RoundedRow){bytes + r * K, floats + 2 * r * blocks, floats + (2 * r + 1) * blocks};
+        rows[r] = (RoundedRow){bytes + r * K, floats + 2 * r * blocks, floats + (2 * r + 1) * blocks, ints + r * blocks};
         for (int64_t b = 0; b < blocks; b++)
-            round_block(x + r * K + b * BLOCK, rows[r].q + b * BLOCK, rows[r].scale + b, rows[r].sum + b);
+            round_block(x + r * K + b * BLOCK, rows[r].q + b * BLOCK, rows[r].scale + b, rows[r].sum + b, rows[r].qsum8 + b);
     }
     return rows;
 }
@@ -216,22 +224,25 @@ static inline void prefetch_block(int bits, const uint8_t *blk) {
 #endif
 }
 
-/* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits and R
- * so the accumulators stay in registers. Each x row's arithmetic is the same whatever R is. */
+/* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits, R and
+ * (for int4) m or a literal NULL, so the accumulators stay in registers and each form is its own
+ * loop. Each x row's arithmetic is the same whatever R is. */
 static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedRow *x, const uint8_t *q,
                                                              const uint16_t *d, const uint16_t *m, float *y,
                                                              int64_t ldy, int64_t K, int64_t G) {
+    const int minimum = bits == 4 && m != NULL, centred = bits == 4 && m == NULL;  /* Q4_1-like, Q4_0-like */
     f8 acc[4] = {{0}}, offset[4] = {{0}};
     /* groups outside, their blocks inside: no division per block (an idiv cost more than a block's dot products) */
     for (int64_t g = 0, b = 0; g < K / G; g++) {
-        const f8 scale = half8(d + ROWS * g), min = bits == 4 ? half8(m + ROWS * g) : (f8){0};
+        const f8 scale = half8(d + ROWS * g), min = minimum ? half8(m + ROWS * g) : (f8){0};
         for (const int64_t end = b + G / BLOCK; b < end; b++) {
             prefetch_block(bits, q + b * block_bytes(bits));
             const Block w = load_block(bits, q + b * block_bytes(bits));
             for (int r = 0; r < R; r++) {
-                const i8v isum = block_isum(bits, &w, x[r].q + b * BLOCK);
+                i8v isum = block_isum(bits, &w, x[r].q + b * BLOCK);
+                if (centred) isum -= x[r].qsum8[b];
                 acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x[r].scale[b], acc[r]);
-                if (bits == 4) offset[r] = fma8(min, (f8){0} + x[r].sum[b], offset[r]);
+                if (minimum) offset[r] = fma8(min, (f8){0} + x[r].sum[b], offset[r]);
             }
         }
     }
@@ -265,6 +276,10 @@ static void linear(int bits, const RoundedRow *x, const uint8_t *q, const uint16
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t g = 0; g < N / ROWS; g++)
             group(8, x, M, q + g * stride, d + g * groups * ROWS, NULL, y + g * ROWS, N, K, G);
+    } else if (m == NULL) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t g = 0; g < N / ROWS; g++)
+            group(4, x, M, q + g * stride, d + g * groups * ROWS, NULL, y + g * ROWS, N, K, G);
     } else {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t g = 0; g < N / ROWS; g++)
@@ -274,7 +289,7 @@ static void linear(int bits, const RoundedRow *x, const uint8_t *q, const uint16
 
 /* ---- entry point -------------------------------------------------------------------------- */
 
-/* bits 8 or 4; m NULL for int8. x [M, K], y [M, N], both float32 and contiguous; N % 8 == 0. */
+/* bits 8 or 4; m NULL for int8 and for int4 stored as d * (q - 8). x [M, K], y [M, N], both float32 and contiguous; N % 8 == 0. */
 #ifdef __cplusplus
 extern "C"
 #endif

@@ -63,7 +63,7 @@ int threads() { return static_cast<int>(torch::stable::get_num_threads()); }
 
 Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> m, std::optional<Tensor> bias) {
     // q, d, m in the kernels' layout (layout.py's pack()): q [N/8, K/32, 256 (int8) or 128 (int4)],
-    // d and m float16 [N/8, K/G, 8]
+    // d and m float16 [N/8, K/G, 8]; int4 without m is d * (q - 8)
     STD_TORCH_CHECK(x.dim() > 0, "quantized_linear: x must have a feature dimension");
     const int64_t K = x.size(-1);
     const int bits = q.scalar_type() == ScalarType::Char ? 8 : 4;
@@ -77,10 +77,10 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
                         && d.size(0) == q.size(0) && d.size(2) == 8 && d.size(1) > 0 && K % d.size(1) == 0
                         && (K / d.size(1)) % 32 == 0,
                     "quantized_linear: d must be contiguous float16 [N/8, groups, 8]");
-    STD_TORCH_CHECK(bits == 8 ? !m.has_value()
-                              : (m.has_value() && m->dim() == 3 && m->size(0) == d.size(0) && m->size(1) == d.size(1)
-                                 && m->size(2) == 8 && m->scalar_type() == ScalarType::Half && m->is_contiguous()),
-                    "quantized_linear: m (float16, shaped like d) is needed for int4 and only for int4");
+    STD_TORCH_CHECK(!m.has_value()
+                        || (bits == 4 && m->dim() == 3 && m->size(0) == d.size(0) && m->size(1) == d.size(1)
+                            && m->size(2) == 8 && m->scalar_type() == ScalarType::Half && m->is_contiguous()),
+                    "quantized_linear: m must be float16 shaped like d, and only int4 has one");
     return linear_rows("quantized_linear", x, N, bias, [&](const float *rows, float *out, int64_t M) {
         ts_llm_quantized_linear(bits, rows, static_cast<const uint8_t *>(q.const_data_ptr()),
                                 static_cast<const uint16_t *>(d.const_data_ptr()),

@@ -2,7 +2,7 @@
 become int8 / int4 QuantizedWeights with the file's own float16 scales (no requantization).
 
     Q8_0  34 bytes: d (f16), 32 x int8                 w = d * q
-    Q4_0  18 bytes: d (f16), 16 bytes of nibbles       w = d * (q - 8)  = d * q + m with m = -8 d (exact)
+    Q4_0  18 bytes: d (f16), 16 bytes of nibbles       w = d * (q - 8)  (int4 without m)
     Q4_1  20 bytes: d (f16), m (f16), 16 bytes         w = d * q + m
 
 llama.cpp's converter permutes the rows of the query and key projections of Llama-family models
@@ -64,7 +64,7 @@ class GGUFWeights:
         if kind == "Q8_0":
             return QuantizedWeight(blocks[..., 2:].contiguous().view(torch.int8).view(n, -1), d).check()
         if kind == "Q4_0":
-            return QuantizedWeight(blocks[..., 2:].reshape(n, -1).contiguous(), d, d * -8).check()
+            return QuantizedWeight(blocks[..., 2:].reshape(n, -1).contiguous(), d).check()
         m = blocks[..., 2:4].contiguous().view(torch.float16).view(n, -1)
         return QuantizedWeight(blocks[..., 4:].reshape(n, -1).contiguous(), d, m).check()
 

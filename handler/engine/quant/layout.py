@@ -3,7 +3,8 @@
     int8: q int8 [N, K]                     w = d * q
     int4: q uint8 [N, K/2] (GGUF block order: byte j of each block of 32 holds weight j in its
           low nibble and weight j + 16 in its high nibble)   w = d * q + m, q in 0..15
-    d (and m for int4): float16 [N, K/G], one per group of G consecutive weights of a row
+          or, without m (GGUF's Q4_0), w = d * (q - 8): 4.5 bits a weight read instead of 5
+    d (and m for int4 with minimums): float16 [N, K/G], one per group of G consecutive weights of a row
 
 float16 scales are what GGUF stores, so its tensors are taken bit for bit; a group is a whole
 number of 32-weight blocks (the kernels' unit).
@@ -62,9 +63,19 @@ class QuantizedWeight:
                                     f"of a multiple of {BLOCK} weights")
         if self.d.shape != (n, groups) or self.d.dtype != torch.float16:
             raise QuantizationError(f"scales must be float16 [{n}, {groups}], got {self.d.dtype} {tuple(self.d.shape)}")
-        if (self.bits == 4) != (self.m is not None) or (self.m is not None and (self.m.shape != self.d.shape or self.m.dtype != torch.float16)):
-            raise QuantizationError("int4 weights need float16 minimums shaped like their scales; int8 weights have none")
+        if self.m is not None and (self.bits == 8 or self.m.shape != self.d.shape or self.m.dtype != torch.float16):
+            raise QuantizationError("int4 minimums are float16 shaped like their scales; int8 weights have none")
         return self
+
+    @property
+    def centred(self) -> bool:
+        """int4 without minimums: w = d * (q - 8)."""
+        return self.bits == 4 and self.m is None
+
+    def with_minimums(self) -> "QuantizedWeight":
+        """The same values with explicit minimums (m = -8 d is exact in float16), for fusing with
+        weights that have them."""
+        return QuantizedWeight(self.q, self.d, -8 * self.d) if self.centred else self
 
     def rows(self, index: Tensor) -> "QuantizedWeight":
         """The rows `index` (a permutation or selection of output features), still quantized."""
@@ -128,5 +139,7 @@ def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     if len({(p.bits, p.group_size, p.shape[1]) for p in parts}) != 1:
         raise QuantizationError("projections fused into one matmul must share bits, group size and input width, got "
                                 + ", ".join(f"int{p.bits}/g{p.group_size}/K{p.shape[1]}" for p in parts))
+    if len({p.centred for p in parts}) > 1:
+        parts = [p.with_minimums() for p in parts]
     m = None if parts[0].m is None else torch.cat([p.m for p in parts])
     return QuantizedWeight(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m).check()

@@ -22,10 +22,10 @@ _lib.define("quantized_linear(Tensor x, Tensor q, Tensor d, Tensor? m=None, Tens
 
 def dequantize(w: QuantizedWeight) -> Tensor:
     """The float32 weight [N, K] (the reference the kernels and tests are held to): d * q (+ m),
-    computed as GGUF's own dequantization does."""
+    or d * (q - 8), computed as GGUF's own dequantization does."""
     w = w.unpack()
     n, k = w.shape
-    q = w.q.float() if w.bits == 8 else int4_values(w.q, n, k).float()
+    q = w.q.float() if w.bits == 8 else int4_values(w.q, n, k).float() - (8 if w.centred else 0)
     q = q.view(n, w.d.shape[1], -1)  # [N, groups, G]
     out = q * w.d.float()[..., None]
     if w.m is not None:

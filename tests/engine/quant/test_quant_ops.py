@@ -8,14 +8,18 @@ import pytest
 import torch
 
 from handler.engine.quant import ops
-from handler.engine.quant.layout import QuantizationError, QuantizedWeight
+from handler.engine.quant.layout import QuantizationError, QuantizedWeight, cat_rows
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
 
 
-def _weights(bits: int, n: int, k: int, group: int) -> QuantizedWeight:
-    torch.manual_seed(n * k + bits)
+def _weights(bits: int | str, n: int, k: int, group: int) -> QuantizedWeight:
+    """bits 8, 4 (with minimums, as Q4_1) or "4c" (centred, as Q4_0: w = d * (q - 8))."""
+    torch.manual_seed(n * k + (bits if bits != "4c" else 5))
     w = torch.randn(n, k) * 0.05
-    return (quantize_int8(w) if bits == 8 else quantize_int4(w, group)).pack()
+    if bits == 8:
+        return quantize_int8(w).pack()
+    w = quantize_int4(w, group)
+    return (QuantizedWeight(w.q, w.d) if bits == "4c" else w).pack()
 
 
 def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
@@ -33,7 +37,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Ten
     assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, "4c"])
 @pytest.mark.parametrize("n,k", [(40, 320), (64, 96), (8, 576)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 16])
 def test_matches_dequantized_product(bits, n, k, rows):
@@ -42,9 +46,10 @@ def test_matches_dequantized_product(bits, n, k, rows):
     _check(ops.quantized_linear(x, w), x, w)
 
 
+@pytest.mark.parametrize("bits", [4, "4c"])
 @pytest.mark.parametrize("group", [64, 96])
-def test_int4_groups_wider_than_a_block(group):
-    w = _weights(4, 16, 192, group)
+def test_int4_groups_wider_than_a_block(group, bits):
+    w = _weights(bits, 16, 192, group)
     for rows in (1, 4):
         x = torch.randn(rows, 192)
         _check(ops.quantized_linear(x, w), x, w)
@@ -94,8 +99,9 @@ def test_zero_rows():
     assert ops.quantized_linear(torch.randn(0, 64), w).shape == (0, 8)
 
 
-def test_an_all_zero_block_of_x():
-    w = _weights(4, 8, 256, 32)
+@pytest.mark.parametrize("bits", [4, "4c"])
+def test_an_all_zero_block_of_x(bits):
+    w = _weights(bits, 8, 256, 32)
     x = torch.randn(1, 256)
     x[0, 32:64] = 0
     _check(ops.quantized_linear(x, w), x, w)
@@ -117,7 +123,7 @@ def test_many_rows_read_the_quantized_bytes_too():
     _check(ops.quantized_linear(x, w), x, w)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, "4c"])
 def test_a_row_gets_the_same_result_in_any_batch(bits):
     w = _weights(bits, 64, 1536, 32)  # several row-group chunks
     x = torch.randn(7, 1536)
@@ -130,7 +136,8 @@ def test_a_row_gets_the_same_result_in_any_batch(bits):
     (lambda x, q, d, m: (x, q[:, :1].contiguous(), d, m), "is not a packed weight"),
     (lambda x, q, d, m: (x, q.view(8, -1), d, m), "is not a packed weight"),
     (lambda x, q, d, m: (x, q, d.float(), m), "d must be contiguous float16"),
-    (lambda x, q, d, m: (x, q, d, None), "m (float16, shaped like d) is needed for int4"),
+    (lambda x, q, d, m: (x, q, d, m[:, :1]), "m must be float16 shaped like d, and only int4 has one"),
+    (lambda x, q, d, m: (x, q, d, m.float()), "m must be float16 shaped like d"),
 ])
 def test_bad_tensors_are_refused_before_the_kernel_reads_them(change, message):
     w = _weights(4, 8, 64, 32)
@@ -150,3 +157,10 @@ def test_bad_inputs_and_bias_are_refused(x, bias, message):
     ops.quantized_linear(torch.randn(1, 64), w)  # loads the kernels
     with pytest.raises(RuntimeError, match=re.escape(message)):
         torch.ops.ts_llm.quantized_linear(x, w.q, w.d, w.m, bias)
+
+
+def test_centred_int4_fuses_with_minimum_weights_into_the_same_values():
+    centred, minimum = _weights("4c", 8, 64, 32).unpack(), _weights(4, 16, 64, 32).unpack()
+    fused = cat_rows([centred, minimum])
+    assert fused.m is not None
+    assert torch.equal(ops.dequantize(fused), torch.cat([ops.dequantize(centred), ops.dequantize(minimum)]))
