@@ -10,8 +10,9 @@ each concurrency.
     .venv/bin/python bench/peer.py --build-only           # build llama.cpp (once, cached) and stop
 
 Ours serves the bf16 checkpoint (`quantization: none`; for the default model it is the shipped Q4_1
-file dequantized), the Q8_0 file (`quantization: gguf`) and, for int4, the shipped Q4_1 file (its
-default; Q4_0 for the 1B model, bench/peer_models.py). llama.cpp serves BF16; Q8_0; Q4_0, Q4_K_M and
+file dequantized), the Q8_0 file (`quantization: gguf`) and, for int4, the Q4_0 file llama.cpp serves
+(`--ours-int4 Q4_1`: the default model's shipped file, as ./serve.sh serves it; bench/peer_models.py).
+llama.cpp serves BF16; Q8_0; Q4_0, Q4_K_M and
 Q4_1 (bench/peer_llamacpp.py's GGUF_TYPES). Memory (worker RSS and llama-server RSS after the load)
 and the time ours took to compile are recorded. It is built once from the
 tree vendored in the llama-cpp-python sdist (15-40 minutes on 2 cores) and cached with the GGUFs
@@ -70,6 +71,8 @@ def parse_args():
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--ours-int4", metavar="TYPE", help="the GGUF type ours serves at int4 (default: the model's, "
+                   "peer_models.MODELS; Q4_1 is the default model's shipped file)")
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile: ours forced to it, llama.cpp "
                    "built for it (avx2: explicit AVX2 flags, a build of its own)")
     p.add_argument("--build-only", action="store_true", help="build llama.cpp (cached) and stop")
@@ -105,21 +108,21 @@ def handler_setting(handler_set: list[str], key: str):
     return handler_settings(handler_set).get(key, getattr(HandlerConfig, key))
 
 
-def bodies(n: int, args, system: str) -> list[dict]:
-    """The same OpenAI completions requests for both: greedy, exactly output_tokens (ignore_eos)."""
-    extra = {"cache_prompt": False} if system == "llama.cpp" else {}  # ours keeps no prompt cache either
+def bodies(n: int, args) -> list[dict]:
+    """The same OpenAI completions requests for both: greedy, exactly output_tokens (ignore_eos). Each
+    keeps its prompt cache at its default (on: llama.cpp's cache_prompt, ours' prefix_caching)."""
     return [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.output_tokens, "temperature": 0,
-             "ignore_eos": True, "stream_options": {"include_usage": True}, **extra} for i in range(n)]
+             "ignore_eos": True, "stream_options": {"include_usage": True}} for i in range(n)]
 
 
 def measure(system: str, label: str, url: str, headers: dict, args) -> list[dict]:
     # A connection per request, for both: llama-server closes idle keep-alive connections, and a POST
     # sent on one it just closed fails (RemoteDisconnected) without ever reaching it.
     headers = {**headers, "Connection": "close"}
-    run_load(url, headers, bodies(2, args, system), 1, stream=True)  # warm-up, not recorded
+    run_load(url, headers, bodies(2, args), 1, stream=True)  # warm-up, not recorded
     runs = []
     for conc, n in zip(args.concurrency, args.requests):
-        records = run_load(url, headers, bodies(n, args, system), conc, stream=True)
+        records = run_load(url, headers, bodies(n, args), conc, stream=True)
         summary = {"concurrency": conc, **summarize(records)}
         summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
         runs.append(summary)
@@ -258,19 +261,19 @@ def main() -> None:
         return
     model = peer_models.MODELS[args.model]
     checkpoint = peer_models.checkpoint(model)
+    ours_gguf = {**model.ours_gguf, **({"int4": args.ours_int4} if args.ours_int4 else {})}
     kinds = [k for p in args.precisions for k in llamacpp.GGUF_TYPES[p]]
-    ggufs = peer_models.ggufs(model, build, checkpoint, kinds + [model.ours_gguf[p] for p in args.precisions
-                                                                 if p in model.ours_gguf])
+    ggufs = peer_models.ggufs(model, build, checkpoint, kinds + [ours_gguf[p] for p in args.precisions if p in ours_gguf])
     pairs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions:
             pairs[precision] = {}
             if "ours" in args.systems:
-                gguf = ggufs.get(model.ours_gguf.get(precision, ""))
+                gguf = ggufs.get(ours_gguf.get(precision, ""))
                 pairs[precision]["ours"] = sweep_ours(precision, checkpoint, gguf, args, Path(tmp))
             if "llama.cpp" in args.systems:
                 pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs, args, Path(tmp))
-    result = {"model": model.name, "ours_gguf": model.ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
+    result = {"model": model.name, "ours_gguf": ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               **{key: handler_setting(args.handler_set, key) if args.batching == "continuous" else None
@@ -363,7 +366,7 @@ same streamed `/v1/completions` requests, one server at a time: greedy, {r['outp
 the gap is between consecutive streamed chunks of one request, client side.
 *ours*: `--batching {r.get('batching', 'continuous')}`{_call_ms(r)}, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),
-`cache_prompt: false` (ours keeps no prompt cache), a new connection per request.{notes}
+its prompt cache at its default (on, as ours' prefix cache), a new connection per request.{notes}
 
 | precision | server | clients | requests | errors | output tok/s | TTFT p50/p99 s | gap p50/p99 ms | ours / fastest tok/s |
 |---|---|---|---|---|---|---|---|---|

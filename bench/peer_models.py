@@ -1,5 +1,5 @@
-"""The models bench/peer.py compares on: the default one (SmolLM2-135M-Instruct, from its shipped
-Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16 layers, 32 query / 8 KV heads,
+"""The models bench/peer.py compares on: the default one (SmolLM2-135M-Instruct, from its bf16
+checkpoint and shipped Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16 layers, 32 query / 8 KV heads,
 MLP 8192, tied embeddings, llama3 rope scaling) with random weights and the default model's
 tokenizer. Decode speed depends on the shapes, not the values, and the bench asks for exactly
 `output_tokens` tokens (`ignore_eos`)."""
@@ -26,8 +26,9 @@ class PeerModel:
 
 
 MODELS = {m.key: m for m in (
-    # ours serves the shipped Q4_1 file, as ./serve.sh does
-    PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_1"}),
+    # int4: the file llama.cpp's fastest 4-bit run serves (Q4_0, its embedding in Q8_0: 576 columns
+    # are no whole k-quant super-block); ./serve.sh serves the shipped Q4_1 (peer.py --ours-int4 Q4_1)
+    PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_0"}),
     # no shipped file: ours takes the 4-bit type a llama.cpp user would pick (the same int4 kernels),
     # its embedding (the tied head) in Q8_0 where llama.cpp's Q4_0 has Q6_K (peer_llamacpp.VARIANTS)
     PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0-Q8_0-embedding"}),
