@@ -3,8 +3,8 @@
 A slot's KV stays after its sequence ends, until the slot is given to another one; the engine
 records here which tokens have valid KV at positions 0..n-1 of each slot (prompt, then generated
 tokens as decode writes them). Lookups go through a hash chain over full blocks of BLOCK tokens
-(a block's hash covers every token before it), and a match is then confirmed token by token, so
-a hash collision costs a comparison, never a wrong prefix. Bounded by the slots themselves: the
+(a block's hash covers every token before it; shorter prefixes are compared slot by slot), and a
+match is then confirmed token by token, so a hash collision costs a comparison, never a wrong prefix. Bounded by the slots themselves: the
 least recently used free slot is the one given to a prompt no slot shares.
 """
 from __future__ import annotations
@@ -60,22 +60,23 @@ class PrefixCache:
     def longest(self, prompt: list[int], prefer: int | None = None,
                 among: Iterable[int] | None = None) -> tuple[int | None, int]:
         """(slot, n): the slot (of `among`, default all) whose held tokens share the longest
-        prefix with `prompt`, at least one full block, and its length n (confirmed token by
-        token); (None, 0) when none does. Ties go to `prefer`."""
-        allowed = None if among is None else set(among)
+        prefix with `prompt` and its length n (confirmed token by token); (None, 0) when none
+        shares a token. The slots sharing full blocks are found through the hash chain; when no
+        slot shares the first block every slot is compared, so a short prompt (a chat turn, a
+        completion) reuses what it shares too, as llama.cpp's prompt cache does. Ties go to `prefer`."""
+        allowed = set(range(len(self._tokens))) if among is None else set(among)
         candidates: set[int] = set()
         h = 0
         for at in range(0, len(prompt) - BLOCK + 1, BLOCK):
             h = self._hash(h, tuple(prompt[at:at + BLOCK]))
-            found = self._index.get(h, set())
-            found = found if allowed is None else found & allowed
+            found = self._index.get(h, set()) & allowed
             if not found:
                 break
             candidates = found
         best: tuple[int | None, int] = (None, 0)
-        for slot in sorted(candidates, key=lambda s: s != prefer):
+        for slot in sorted(candidates or allowed, key=lambda s: (s != prefer, s)):
             n = common_prefix(self._tokens[slot], prompt)
-            if n >= BLOCK and n > best[1]:
+            if n > best[1]:
                 best = (slot, n)
         return best
 

@@ -63,6 +63,15 @@ def test_a_prompt_sharing_a_finished_requests_prefix_prefills_only_the_rest(cach
     assert_same_generation(got, reference(SYSTEM + "nameacolor", 6))
 
 
+def test_a_repeated_prompt_shorter_than_a_block_prefills_only_its_last_token(cached):
+    cached.add("a", ids(cached, "nameacolor"), params(4))  # 10 tokens: no full block
+    run(cached)
+    cached.add("b", ids(cached, "nameacolor"), params(4))
+    got = run(cached)["b"]
+    assert got[0].cached_tokens == len("nameacolor") - 1  # the last token's logits start the answer
+    assert_same_generation(got, reference("nameacolor", 4))
+
+
 def test_a_prefix_is_copied_from_a_sequence_still_running(cached):
     cached.add("a", ids(cached, SYSTEM + "tellmeastory"), params(30))
     done: dict[str, list[StepOutput]] = {}

@@ -1,5 +1,5 @@
 """The prefix cache's bookkeeping alone: which slot holds which tokens, lookups by block hash
-confirmed token by token, least-recently-used choice."""
+confirmed token by token (shorter prefixes slot by slot), least-recently-used choice."""
 from __future__ import annotations
 
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
@@ -14,10 +14,13 @@ def test_the_longest_shared_prefix_is_found_to_the_token():
     assert cache.longest(SHARED + [7, 8, 1]) == (1, len(SHARED) + 2)
 
 
-def test_less_than_one_full_block_in_common_is_no_match():
-    cache = PrefixCache(slots=1)
-    cache.extend(0, SHARED)
-    assert cache.longest(SHARED[: BLOCK - 1] + [0] * BLOCK) == (None, 0)
+def test_a_prefix_shorter_than_a_block_is_found_by_comparing_the_slots():
+    cache = PrefixCache(slots=3)
+    cache.extend(0, [5, 6])
+    cache.extend(2, SHARED[:3])
+    assert cache.longest(SHARED[:4]) == (2, 3)
+    assert cache.longest(SHARED[: BLOCK - 1] + [0] * BLOCK) == (2, 3)
+    assert cache.longest([9, 9]) == (None, 0)
 
 
 def test_a_hash_collision_is_caught_by_comparing_tokens():
