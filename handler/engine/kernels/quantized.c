@@ -76,12 +76,18 @@ static inline f8 half8(const uint16_t *p) {
  * most 1/254 of that value per element: how llama.cpp rounds activations for its Q8 dot products)
  * and each block's sums are taken in integers, then scaled once:
  *   y[n] = sum_b d[n, b] * sx[b] * sum_k q[n, k] xq[k]  (+ m[n, b] * sum_k x[k] for int4, exact) */
+#define TILE 4 /* x rows sharing each loaded block */
+
+/* The rounded x rows of one tile (the R <= TILE rows multiplied together), interleaved block by
+ * block so that one pointer of each kind reaches every row (a pointer per row ran out of registers):
+ *   q [K/32, R, 32]; scale, sum (of the unrounded x: the int4 minimum's term) and qsum8 (8 * sum
+ *   of q: the term of int4 without m, sum (q - 8) xq = sum q xq - 8 sum xq) [K/32, R] */
 typedef struct {
-    int8_t *q;      /* [K] */
-    float *scale;   /* [K/32] */
-    float *sum;     /* [K/32], sum of the unrounded x: the int4 minimum's term */
-    int32_t *qsum8; /* [K/32], 8 * sum of q: the term of int4 without m, sum (q - 8) xq = sum q xq - 8 sum xq */
-} RoundedRow;
+    int8_t *q;
+    float *scale;
+    float *sum;
+    int32_t *qsum8;
+} RoundedTile;
 
 /* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale, its sum and 8 x q's sum. */
 #if defined(__AVX2__)
@@ -119,20 +125,25 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
 }
 #endif
 
-/* The M rows of x rounded, in one allocation: free() it. */
-static RoundedRow *round_rows(const float *x, int64_t M, int64_t K) {
-    const int64_t blocks = K / BLOCK;
-    char *mem = (char *)malloc(M * (sizeof(RoundedRow) + K + 3 * sizeof(float) * blocks));
-    RoundedRow *rows = (RoundedRow *)mem;
-    float *floats = (float *)(mem + M * sizeof(RoundedRow));
-    int32_t *ints = (int32_t *)(floats + 2 * M * blocks);
-    int8_t *bytes = (int8_t *)(ints + M * blocks);
-    for (int64_t r = 0; r < M; r++) {
-        rows[r] = (RoundedRow){bytes + r * K, floats + 2 * r * blocks, floats + (2 * r + 1) * blocks, ints + r * blocks};
-        for (int64_t b = 0; b < blocks; b++)
-            round_block(x + r * K + b * BLOCK, rows[r].q + b * BLOCK, rows[r].scale + b, rows[r].sum + b, rows[r].qsum8 + b);
+/* The M rows of x rounded, tile by tile, in one allocation: free() it. */
+static RoundedTile *round_tiles(const float *x, int64_t M, int64_t K) {
+    const int64_t blocks = K / BLOCK, tiles = (M + TILE - 1) / TILE;
+    char *mem = (char *)malloc(tiles * sizeof(RoundedTile) + M * (K + 3 * sizeof(float) * blocks));
+    RoundedTile *out = (RoundedTile *)mem;
+    float *scales = (float *)(mem + tiles * sizeof(RoundedTile)), *sums = scales + M * blocks;
+    int32_t *qsums = (int32_t *)(sums + M * blocks);
+    int8_t *bytes = (int8_t *)(qsums + M * blocks);
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t first = t * TILE, R = M - first < TILE ? M - first : TILE;
+        RoundedTile tile = {bytes + first * K, scales + first * blocks, sums + first * blocks, qsums + first * blocks};
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t b = 0; b < blocks; b++) {
+                const int64_t at = b * R + i;
+                round_block(x + (first + i) * K + b * BLOCK, tile.q + at * BLOCK, tile.scale + at, tile.sum + at, tile.qsum8 + at);
+            }
+        out[t] = tile;
     }
-    return rows;
+    return out;
 }
 
 /* The 8 rows' sum(q * xq) over one block of 32 columns: lane r is row r. A block's weights are
@@ -227,7 +238,7 @@ static inline void prefetch_block(int bits, const uint8_t *blk) {
 /* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits, R and
  * (for int4) m or a literal NULL, so the accumulators stay in registers and each form is its own
  * loop. Each x row's arithmetic is the same whatever R is. */
-static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedRow *x, const uint8_t *q,
+static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedTile *x, const uint8_t *q,
                                                              const uint16_t *d, const uint16_t *m, float *y,
                                                              int64_t ldy, int64_t K, int64_t G) {
     const int minimum = bits == 4 && m != NULL, centred = bits == 4 && m == NULL;  /* Q4_1-like, Q4_0-like */
@@ -239,28 +250,27 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
             prefetch_block(bits, q + b * block_bytes(bits));
             const Block w = load_block(bits, q + b * block_bytes(bits));
             for (int r = 0; r < R; r++) {
-                i8v isum = block_isum(bits, &w, x[r].q + b * BLOCK);
-                if (centred) isum -= x[r].qsum8[b];
-                acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x[r].scale[b], acc[r]);
-                if (minimum) offset[r] = fma8(min, (f8){0} + x[r].sum[b], offset[r]);
+                const int64_t at = b * R + r;
+                i8v isum = block_isum(bits, &w, x->q + at * BLOCK);
+                if (centred) isum -= x->qsum8[at];
+                acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x->scale[at], acc[r]);
+                if (minimum) offset[r] = fma8(min, (f8){0} + x->sum[at], offset[r]);
             }
         }
     }
     for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] + offset[r]);
 }
 
-#define TILE 4 /* x rows sharing each loaded block */
-
-/* one row group against x rows r0..M, TILE at a time */
-static inline __attribute__((always_inline)) void group(int bits, const RoundedRow *x, int64_t M, const uint8_t *q,
+/* one row group against the M x rows, a tile at a time */
+static inline __attribute__((always_inline)) void group(int bits, const RoundedTile *x, int64_t M, const uint8_t *q,
                                                         const uint16_t *d, const uint16_t *m, float *y, int64_t N,
                                                         int64_t K, int64_t G) {
-    int64_t r = 0;
-    for (; r + TILE <= M; r += TILE) group_rows(bits, TILE, x + r, q, d, m, y + r * N, N, K, G);
-    switch (M - r) {
-        case 3: group_rows(bits, 3, x + r, q, d, m, y + r * N, N, K, G); break;
-        case 2: group_rows(bits, 2, x + r, q, d, m, y + r * N, N, K, G); break;
-        case 1: group_rows(bits, 1, x + r, q, d, m, y + r * N, N, K, G); break;
+    int64_t t = 0;
+    for (; (t + 1) * TILE <= M; t++) group_rows(bits, TILE, x + t, q, d, m, y + t * TILE * N, N, K, G);
+    switch (M - t * TILE) {
+        case 3: group_rows(bits, 3, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
+        case 2: group_rows(bits, 2, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
+        case 1: group_rows(bits, 1, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
     }
 }
 
@@ -269,7 +279,7 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedR
 /* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
  * depend on the rows beside it. The weights are read from memory once per call: one row group at
  * a time, each loaded block shared by TILE x rows. */
-static void linear(int bits, const RoundedRow *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
+static void linear(int bits, const RoundedTile *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
                    int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
     const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits);
     if (bits == 8) {
@@ -295,7 +305,7 @@ extern "C"
 #endif
 void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
                              float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
-    RoundedRow *rows = round_rows(x, M, K);
-    linear(bits, rows, q, d, m, y, M, N, K, G, threads);
-    free(rows);
+    RoundedTile *tiles = round_tiles(x, M, K);
+    linear(bits, tiles, q, d, m, y, M, N, K, G, threads);
+    free(tiles);
 }
