@@ -25,7 +25,9 @@ from handler.engine.sampling import SamplingParams, TokenLogprob, make_generator
 from handler.engine.stop_text import cut_at_stop, take_text
 from handler.engine.tokenizer import Tokenizer
 
-PREFILL_PAD = 16  # prompts are right-padded to a multiple of this: fewer distinct shapes
+# Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix
+# cache mostly holds prefills a few rows, not 16.
+PREFILL_PAD = 4
 KV_BUCKET = 64  # decode attends to a multiple of this many positions
 
 
@@ -101,6 +103,7 @@ class Engine:
         self._prefill, self._decode, self._copy_prefix = prefill, decode, copy_prefix
         self.grammars = grammars  # None: requests with a json_schema are refused
         self.tokenizer = tokenizer
+        self._eos_ids = sorted(tokenizer.eos_ids)  # masked for ignore_eos requests
         self.max_seq_len = max_seq_len
         self.device = device
         self.prefill_chunk = prefill_chunk  # padded prompt tokens prefilled per step, all sequences together
@@ -304,6 +307,8 @@ class Engine:
         for row, s in enumerate(seqs):
             if s.matcher is not None:
                 s.matcher.mask_logits(logits[row])
+            if s.params.ignore_eos:  # never sampled, as llama.cpp does: no empty end-of-turn tokens mid-text
+                logits[row, self._eos_ids] = float("-inf")
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
         return [self._append(s, t, logits, row) for row, (s, t) in enumerate(zip(seqs, next_ids))]
 

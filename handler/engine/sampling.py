@@ -26,7 +26,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens (end-of-sequence tokens are never sampled)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
     json_schema: str | None = None  # output constrained to this JSON schema (canonical JSON text; handler.engine.grammar)
 

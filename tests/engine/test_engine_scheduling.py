@@ -53,9 +53,9 @@ def test_first_step_prefills_and_later_steps_decode():
 def test_prompts_of_different_lengths_share_one_prefill_padded_to_the_longest():
     engine, steps = counting_engine()
     engine.add("short", TOK.encode("ab"), greedy(2))
-    engine.add("long", TOK.encode("abcdefghijklmnopq"), greedy(2))  # 17 tokens: two 16-token blocks
+    engine.add("long", TOK.encode("abcdefghijklmnopq"), greedy(2))  # 17 tokens: padded to 5 x 4
     engine.step()
-    assert steps.of("prefill") == [(2, 32)]
+    assert steps.of("prefill") == [(2, 20)]
 
 
 def test_a_finished_sequence_frees_its_slot_in_the_step_that_finishes_it():
@@ -117,12 +117,12 @@ def test_eos_ends_with_stop_and_adds_no_token():
     assert outputs[-1].completion_tokens == 2
 
 
-def test_ignore_eos_generates_through_eos_to_max_new_tokens():
+def test_ignore_eos_never_samples_eos_and_runs_to_max_new_tokens():
     engine, _ = counting_engine()
-    engine.add("a", TOK.encode("y"), greedy(4, ignore_eos=True))  # z, EOS, a, b
+    engine.add("a", TOK.encode("y"), greedy(4, ignore_eos=True))  # z, then EOS masked: a, b
     outputs = run_to_end(engine)
-    assert [t for o in outputs for t in o.token_ids] == [26, EOS_ID, 1, 2]
-    assert "".join(o.text for o in outputs) == "zab" and outputs[-1].finish_reason == "length"
+    assert [t for o in outputs for t in o.token_ids] == [26, 1, 2, 3]
+    assert "".join(o.text for o in outputs) == "zabc" and outputs[-1].finish_reason == "length"
 
 
 def test_a_stop_string_cuts_the_text_and_ends_with_stop():

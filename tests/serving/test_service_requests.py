@@ -139,10 +139,11 @@ def test_a_first_token_ends_the_call_at_once():
 
 
 def test_a_first_token_without_text_does_not_count_as_the_first_visible_one():
-    # "z" is followed by EOS, which ignore_eos keeps and which adds no text; "a" is the first text.
-    replies = drive(timed(10.0), [Incoming("a", req("z", n=8, stream=True, ignore_eos=True), True)])["a"]
-    assert [p["text"] for p in ndjson(replies[:2])] == ["a"] and replies[0].body == ""
-    assert "".join(p["text"] for p in ndjson(replies[2:])) == "bcdefg"
+    # after "z" (EOS is never sampled under ignore_eos) "a" could begin the stop string "ax":
+    # held back, no text; it shows with "b".
+    replies = drive(timed(10.0), [Incoming("a", req("z", n=8, stream=True, stop=["ax"], ignore_eos=True), True)])["a"]
+    assert [p["text"] for p in ndjson(replies[:2])] == ["ab"] and replies[0].body == ""
+    assert "".join(p["text"] for p in ndjson(replies[2:])) == "cdefgh"
 
 
 def test_a_finish_ends_the_call_at_once_and_the_others_go_on_next_call():
