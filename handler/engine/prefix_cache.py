@@ -4,8 +4,9 @@ A slot's KV stays after its sequence ends, until the slot is given to another on
 records here which tokens have valid KV at positions 0..n-1 of each slot (prompt, then generated
 tokens as decode writes them). Lookups go through a hash chain over full blocks of BLOCK tokens
 (a block's hash covers every token before it; shorter prefixes are compared slot by slot), and a
-match is then confirmed token by token, so a hash collision costs a comparison, never a wrong prefix. Bounded by the slots themselves: the
-least recently used free slot is the one given to a prompt no slot shares.
+match is then confirmed token by token, so a hash collision costs a comparison, never a wrong
+prefix. Bounded by the slots themselves: the least recently used free slot is the one given to a
+prompt no slot shares.
 """
 from __future__ import annotations
 
