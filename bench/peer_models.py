@@ -1,7 +1,7 @@
 """The models bench/peer.py compares on: the default one (SmolLM2-135M-Instruct, from its bf16
-checkpoint and shipped Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16 layers, 32 query / 8 KV heads,
-MLP 8192, tied embeddings, llama3 rope scaling) with random weights and the default model's
-tokenizer. Decode speed depends on the shapes, not the values, and the bench asks for exactly
+checkpoint and shipped Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16
+layers, 32 query / 8 KV heads, MLP 8192, tied embeddings, llama3 rope scaling) with random weights
+and the default model's tokenizer. Decode speed depends on the shapes, not the values, and the bench asks for exactly
 `output_tokens` tokens (`ignore_eos`)."""
 from __future__ import annotations
 

@@ -185,9 +185,10 @@ def test_constrained_and_free_requests_share_a_batch_as_if_alone(engine):
     assert together == alone
 
 
-def test_a_grammar_ends_the_sequence_when_complete(engine):
+@pytest.mark.parametrize("ignore_eos", [False, True])  # the grammar, not ignore_eos, says where the text ends
+def test_a_grammar_ends_the_sequence_when_complete(engine, ignore_eos):
     ids = engine.tokenizer.encode("Is water wet? Answer:")
-    params = SamplingParams(max_new_tokens=20, json_schema=schema_text({"enum": ["yes", "no"]}))
+    params = SamplingParams(max_new_tokens=20, json_schema=schema_text({"enum": ["yes", "no"]}), ignore_eos=ignore_eos)
     engine.add("q", ids, params)
     outs = []
     while engine.running:
