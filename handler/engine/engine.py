@@ -243,12 +243,28 @@ class Engine:
         if self.prefix_caching:
             source, n = self._cache.longest(seq.prompt_ids, prefer=seq.slot)
             n = min(n, len(seq.prompt_ids) - 1)
+            self._park(seq.slot, keep=n if source == seq.slot else 0, busy=source)
         else:
             source, n = None, 0
         if source is not None and source != seq.slot and n > 0:
             self._copy(source, seq.slot, seq.prompt_ids[:n])
         self._cache.truncate(seq.slot, n)
         seq.prefilled = seq.cached_tokens = n
+
+    def _park(self, slot: int, keep: int, busy: int | None) -> None:
+        """Before `slot`'s tokens after `keep` are overwritten, copy what it holds into the least
+        recently used free slot (not `busy`, the new prompt's source), unless another slot holds
+        it too: the cache keeps up to one prefix a slot however few requests run at once, as
+        llama.cpp's prompt cache does (a lone request always decodes in slot 0)."""
+        held = self._cache.held(slot)
+        if len(held) <= keep:
+            return
+        others = [i for i, s in enumerate(self._slots) if i != slot]
+        if self._cache.longest(held, among=others)[1] >= len(held):
+            return
+        spare = [i for i in others if self._slots[i] is None and i != busy]
+        if spare:
+            self._copy(slot, self._cache.least_recently_used(spare), list(held))
 
     def _copy(self, source: int, slot: int, tokens: list[int]) -> None:
         """The KV of `tokens`, the first positions of slot `source`, into `slot`."""

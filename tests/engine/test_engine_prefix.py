@@ -72,6 +72,19 @@ def test_a_repeated_prompt_shorter_than_a_block_prefills_only_its_last_token(cac
     assert_same_generation(got, reference("nameacolor", 4))
 
 
+def test_one_client_taking_turns_between_prompts_keeps_each_cached(cached):
+    """A lone request always runs in slot 0; what slot 0 held is parked in a free slot first."""
+    for text in ("nameacolor", SYSTEM + "whatisthesky"):
+        cached.add(text, ids(cached, text), params(3))
+        run(cached)
+    cached.add("again", ids(cached, "nameacolor"), params(3))
+    got = run(cached)["again"]
+    assert got[0].cached_tokens == len("nameacolor") - 1
+    assert_same_generation(got, reference("nameacolor", 3))
+    cached.add("and again", ids(cached, SYSTEM + "whatisthesky"), params(3))
+    assert run(cached)["and again"][0].cached_tokens == len(SYSTEM + "whatisthesky") - 1
+
+
 def test_a_prefix_is_copied_from_a_sequence_still_running(cached):
     cached.add("a", ids(cached, SYSTEM + "tellmeastory"), params(30))
     done: dict[str, list[StepOutput]] = {}
