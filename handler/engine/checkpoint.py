@@ -1,7 +1,9 @@
-"""Load a local Hugging Face checkpoint directory of the Llama family into `Transformer`.
+"""Load a local checkpoint directory of the Llama family into `Transformer`.
 
-Only safetensors are read (no pickle). Supported `model_type`s: llama (Llama 2/3, SmolLM),
-mistral, qwen2 (q/k/v biases).
+Weights come from safetensors (never pickle), or, in a directory with no safetensors, from its
+GGUF file alone (archive.sh writes config.json and the tokenizer beside a GGUF it is given:
+handler.build.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
+qwen2 (q/k/v biases).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from safetensors import safe_open
 
 from handler.engine.config import find_gguf
 from handler.engine.model import ModelArgs, Transformer
+from handler.engine.quant.gguf import GGUFWeights
+from handler.engine.quant.layout import QuantizedWeight
+from handler.engine.quant.ops import dequantize
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
@@ -29,7 +34,11 @@ class Checkpoint:
     args: ModelArgs
     config: dict
     weight_files: tuple[Path, ...]
-    gguf: Path | None = None  # the quantized form beside the float weights (quantization: gguf/auto)
+    gguf: Path | None = None  # the quantized form beside the float weights (quantization: gguf/auto), or the only one
+
+    @property
+    def gguf_only(self) -> bool:
+        return not self.weight_files
 
     @property
     def digested_files(self) -> tuple[Path, ...]:
@@ -45,15 +54,15 @@ def open_checkpoint(path: Path) -> Checkpoint:
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}")
     weight_files = tuple(sorted(path.glob("*.safetensors")))
-    if not weight_files:
-        found = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
-        hint = f" (found {', '.join(found)}: pickle weights are not loaded; convert them to safetensors)" if found else ""
-        raise CheckpointError(f"checkpoint {path} has no *.safetensors weights{hint}")
-    config = json.loads((path / "config.json").read_text())
     try:
         gguf = find_gguf(path)
     except ValueError as err:
         raise CheckpointError(str(err)) from None
+    if not weight_files and gguf is None:
+        found = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+        hint = f" (found {', '.join(found)}: pickle weights are not loaded; convert them to safetensors)" if found else ""
+        raise CheckpointError(f"checkpoint {path} has no *.safetensors or *.gguf weights{hint}")
+    config = json.loads((path / "config.json").read_text())
     return Checkpoint(path, model_args_from_config(config), config, weight_files, gguf)
 
 
@@ -128,12 +137,50 @@ def _llama3_scaling(config: dict) -> tuple[float, float, float, int] | None:
     )
 
 
-def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device = "cpu") -> Transformer:
+def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device = "cpu",
+               projections: bool = True) -> Transformer:
+    """`projections=False` (a GGUF-only checkpoint served as stored): the projections stay on the
+    meta device, for handler.engine.quant.apply to fill from the file, never dequantized here;
+    the model stays on the CPU then (the caller moves it once they are filled)."""
     with torch.device("meta"):
         model = Transformer(ckpt.args)
-    state = _read_state(ckpt, dtype)
-    model.load_state_dict(_to_engine_names(state, ckpt.args), assign=True, strict=True)
-    return model.to(device).eval().requires_grad_(False)
+    if ckpt.gguf_only:
+        state = gguf_state(GGUFWeights(ckpt.gguf), ckpt.args, projections)
+    else:
+        state = _to_engine_names(_read_state(ckpt, dtype), ckpt.args)
+    cast: dict[int, torch.Tensor] = {}  # one copy of a tensor two names share (a tied head)
+    state = {k: cast.setdefault(id(v), v.to(dtype)) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
+    expected = set() if projections else {f"{name}.weight" for name in projection_names(ckpt.args)}
+    if set(missing) != expected or unexpected:
+        raise CheckpointError(f"weights do not fit the model: missing {sorted(set(missing) - expected)}, "
+                              f"unexpected {sorted(unexpected)}")
+    return (model.to(device) if projections else model).eval().requires_grad_(False)
+
+
+def projection_names(args: ModelArgs) -> list[str]:
+    """The engine's Linear modules, by name."""
+    per_layer = ("attention.wqkv", "attention.wo", "feed_forward.w13", "feed_forward.w2")
+    return [f"layers.{i}.{p}" for i in range(args.n_layers) for p in per_layer] + ["output"]
+
+
+def gguf_state(gguf: GGUFWeights, args: ModelArgs, projections: bool) -> dict[str, torch.Tensor]:
+    """The engine's float tensors from a GGUF file (float32; quantized ones dequantized):
+    embedding, norms, biases, and the projections when `projections`."""
+    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight"), "norm.weight": gguf.floats("output_norm.weight")}
+    for i in range(args.n_layers):
+        blk, dst = f"blk.{i}.", f"layers.{i}."
+        out[dst + "attention_norm.weight"] = gguf.floats(blk + "attn_norm.weight")
+        out[dst + "ffn_norm.weight"] = gguf.floats(blk + "ffn_norm.weight")
+        if args.qkv_bias:
+            out[dst + "attention.wqkv.bias"] = gguf.bias(dst + "attention.wqkv", args)
+    for name in projection_names(args) if projections else ():
+        if name == "output" and not gguf.has("output.weight"):  # tied: the head is the embedding
+            out["output.weight"] = out["tok_embeddings.weight"]
+            continue
+        w = gguf.projection(name, args)
+        out[f"{name}.weight"] = dequantize(w) if isinstance(w, QuantizedWeight) else w.float()
+    return out
 
 
 def _read_state(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -16,8 +16,11 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     bf16 single rows (and decode batches over a float32 copy) through our matrix-vector kernel
     where compiling (Inductor's C++ toolchain is there then), KV cache allocated."""
     check_context(ckpt.args, cfg.max_seq_len)
-    model = load_model(ckpt, cfg.torch_dtype, cfg.device)
+    as_stored = ckpt.gguf_only and cfg.quantization == "gguf"  # projections read once, from the file
+    model = load_model(ckpt, cfg.torch_dtype, "cpu" if as_stored else cfg.device, projections=not as_stored)
     quantize_model(model, ckpt, cfg)
+    if as_stored:
+        model.to(cfg.device)
     if cfg.packed_weights != "off":
         model.pack_weights(DTYPES[cfg.packed_weights])
     if cfg.compile == "inductor" and cfg.torch_dtype == torch.bfloat16 and torch.device(cfg.device).type == "cpu":

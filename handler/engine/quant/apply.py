@@ -4,8 +4,9 @@
     int8   round-to-nearest, per output channel (rtn.py)
     int4   round-to-nearest, asymmetric, per group of group_size weights (rtn.py)
     gguf   the checkpoint's GGUF file as stored (gguf.py): projections and head in their own
-           Q8_0 / Q4_x blocks, the token embedding dequantized from it; norms come from the
-           float checkpoint, which must be the same model (checked on one projection)
+           Q8_0 / Q4_x blocks (a projection the file stores in floats stays float), the token
+           embedding dequantized from it; norms come from the float checkpoint, which must be
+           the same model (checked on one projection), or from the GGUF when it is the only one
 """
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
     for name, linear in projections(model):
         if gguf is not None:
             w = gguf.projection(name, model.args)
-            if name == "layers.0.attention.wo":
+            if name == "layers.0.attention.wo" and not ckpt.gguf_only:
                 _check_same_model(w, linear.weight, gguf)
+            if not isinstance(w, QuantizedWeight):  # stored in floats: served as such
+                linear.weight = torch.nn.Parameter(w.to(model.tok_embeddings.weight.dtype), requires_grad=False)
+                continue
         elif cfg.quantization == "int8":
             w = quantize_int8(linear.weight)
         else:
@@ -50,9 +54,9 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
             linear.quantize(w.pack())  # the CPU kernels' layout (other devices dequantize it as well)
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from err
-    if gguf is not None:
+    if gguf is not None and not ckpt.gguf_only:  # GGUF-only: the embedding came from it already
         embedding = model.tok_embeddings.weight
-        model.tok_embeddings.weight = torch.nn.Parameter(ops.dequantize(gguf.embedding()).to(embedding.dtype),
+        model.tok_embeddings.weight = torch.nn.Parameter(gguf.floats("token_embd.weight").to(embedding.dtype),
                                                          requires_grad=False)
     build.load()  # built now (~15 s the first time on a machine), not during the first request
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")

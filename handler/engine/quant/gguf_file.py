@@ -2,8 +2,9 @@
 
 Why not `gguf.GGUFReader`: it turns every metadata value into numpy views before it lists a
 tensor; the default model's file carries its tokenizer (~49k tokens, ~48k merges) and took ~9 s
-of every worker start that way. Here the metadata is skipped (only `general.alignment` is
-read): ~0.1 s. The tests check this directory against GGUFReader's.
+of every worker start that way. Here metadata arrays are skipped and only single values kept
+(`general.architecture`, `general.alignment`, ...): ~0.1 s. The tests check this directory
+against GGUFReader's.
 
 Layout (little-endian): "GGUF", version u32, tensor count u64, metadata count u64; metadata
 pairs (key string, value type u32, value); per tensor: name string, dims u32, dims x u64
@@ -12,6 +13,7 @@ at the next multiple of the alignment (32 unless the metadata says).
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -19,9 +21,13 @@ from pathlib import Path
 
 import torch
 
-GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
+              11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
+              19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
+              27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0"}
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # per 32 weights
-_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _DEFAULT_ALIGNMENT = 32
 
@@ -38,18 +44,31 @@ class TensorInfo:
     offset: int  # from the start of the file
 
     def row_bytes(self) -> int:
-        """Bytes of one row of a block-quantized matrix."""
+        """Bytes of one row: of a block-quantized matrix, or of a float tensor's last dimension."""
+        if self.kind in FLOAT_TYPES:
+            return self.shape[-1] * FLOAT_TYPES[self.kind].itemsize
         return self.shape[-1] // 32 * BLOCK_BYTES[self.kind]
 
 
-def read_tensor_infos(path: Path) -> dict[str, TensorInfo]:
+@dataclass(frozen=True)
+class Directory:
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, object]  # single values only (str, int, float, bool); arrays are skipped
+
+
+def read_directory(path: Path) -> Directory:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return _Header(buf, path).tensors()
+        return _Header(buf, path).directory()
+
+
+def read_tensor_infos(path: Path) -> dict[str, TensorInfo]:
+    return read_directory(path).tensors
 
 
 def read_rows(path: Path, info: TensorInfo) -> torch.Tensor:
-    """A block-quantized matrix's bytes, uint8 [rows, row_bytes], copied out of the file."""
-    rows = info.shape[0]
+    """A tensor's bytes, uint8 [rows, row_bytes] (rows: every dimension but the last), copied
+    out of the file."""
+    rows = math.prod(info.shape[:-1])
     with open(path, "rb") as f:
         f.seek(info.offset)
         data = bytearray(f.read(rows * info.row_bytes()))
@@ -58,25 +77,33 @@ def read_rows(path: Path, info: TensorInfo) -> torch.Tensor:
     return torch.frombuffer(data, dtype=torch.uint8).view(rows, info.row_bytes())
 
 
+def read_float(path: Path, info: TensorInfo) -> torch.Tensor:
+    """An F32 / F16 / BF16 tensor in its own dtype and shape."""
+    return read_rows(path, info).view(FLOAT_TYPES[info.kind]).view(info.shape)
+
+
 class _Header:
     def __init__(self, buf: mmap.mmap, path: Path) -> None:
         self.buf, self.path, self.pos = buf, path, 0
 
-    def tensors(self) -> dict[str, TensorInfo]:
+    def directory(self) -> Directory:
         if self.buf[:4] != b"GGUF":
             raise GGUFFormatError(f"{self.path.name} is not a GGUF file (starts with {bytes(self.buf[:4])!r})")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", self.buf, 4)
         if version not in (2, 3):
             raise GGUFFormatError(f"{self.path.name} is GGUF version {version}; versions 2 and 3 are read")
         self.pos = 24
-        alignment = _DEFAULT_ALIGNMENT
+        metadata: dict[str, object] = {}
         for _ in range(n_kv):
             key = self._string()
             (vtype,) = self._unpack("<I")
-            if key == "general.alignment" and vtype == 4:
-                (alignment,) = self._unpack("<I")
+            if vtype in _SCALARS:
+                (metadata[key],) = self._unpack(_SCALARS[vtype])
+            elif vtype == _STRING:
+                metadata[key] = self._string()
             else:
                 self._skip_value(vtype)
+        alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
         raw = []
         for _ in range(n_tensors):
             name = self._string()
@@ -85,7 +112,8 @@ class _Header:
             kind, offset = self._unpack("<IQ")
             raw.append((name, GGML_TYPES.get(kind, f"type {kind}"), tuple(reversed(shape)), offset))
         data_start = -(-self.pos // alignment) * alignment
-        return {name: TensorInfo(name, kind, shape, data_start + offset) for name, kind, shape, offset in raw}
+        tensors = {name: TensorInfo(name, kind, shape, data_start + offset) for name, kind, shape, offset in raw}
+        return Directory(tensors, metadata)
 
     def _unpack(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self.buf, self.pos)
@@ -104,12 +132,12 @@ class _Header:
             self.pos += n
         elif vtype == _ARRAY:
             item_type, count = self._unpack("<IQ")
-            if item_type in _SCALAR_BYTES:
-                self.pos += count * _SCALAR_BYTES[item_type]
+            if item_type in _SCALARS:
+                self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:
                 for _ in range(count):
                     self._skip_value(item_type)
-        elif vtype in _SCALAR_BYTES:
-            self.pos += _SCALAR_BYTES[vtype]
+        elif vtype in _SCALARS:
+            self.pos += struct.calcsize(_SCALARS[vtype])
         else:
             raise GGUFFormatError(f"{self.path.name}: unknown metadata value type {vtype} at byte {self.pos}")
