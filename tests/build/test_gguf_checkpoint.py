@@ -3,6 +3,7 @@ tokenizer converted from it, loaded with every weight from the file, and refused
 tensor's name where a type is not served."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,15 @@ def test_staged_from_the_file_alone_it_is_the_same_model(staged, default_checkpo
     assert ours.chat_template == theirs.chat_template and ours.eos_ids == theirs.eos_ids
     text = "Hello  world\n\n\tcafé 東京 <|im_start|>user\n🙂"
     assert ours.encode(text) == theirs.encode(text)
+
+
+def test_tokens_equal_llama_cpps_for_the_same_file(staged):
+    """tests/fixtures/llamacpp_tokens_default.json: llama-server's /tokenize, recorded by
+    bench/gguf_tokens.py (special tokens, whitespace runs, non-ASCII text, code)."""
+    fixture = json.loads((Path(__file__).parents[1] / "fixtures" / "llamacpp_tokens_default.json").read_text())
+    assert fixture["gguf"] == _gguf_of(staged).name
+    ours = Tokenizer.from_dir(staged)
+    assert {text: ours.encode(text, add_special_tokens=False) for text in fixture["tokens"]} == fixture["tokens"]
 
 
 def _generate(checkpoint: Path, quantization: str) -> tuple[object, list]:
