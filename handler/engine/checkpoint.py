@@ -3,7 +3,7 @@
 Weights come from safetensors (never pickle), or, in a directory with no safetensors, from its
 GGUF file alone (archive.sh writes config.json and the tokenizer beside a GGUF it is given:
 handler.build.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
-qwen2 (q/k/v biases).
+qwen2 (q/k/v biases), qwen3 (q/k RMSNorm).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from handler.engine.quant.gguf import GGUFWeights
 from handler.engine.quant.layout import QuantizedWeight
 from handler.engine.quant.ops import dequantize
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 
 
@@ -89,6 +89,7 @@ def model_args_from_config(config: dict) -> ModelArgs:
         norm_eps=config.get("rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(config),
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         rope_llama3_scaling=_llama3_scaling(config),
         sliding_window=_sliding_window(model_type, config),
@@ -96,8 +97,8 @@ def model_args_from_config(config: dict) -> ModelArgs:
 
 
 def _sliding_window(model_type: str, config: dict) -> int | None:
-    # Qwen2 configs carry a sliding_window that only use_sliding_window switches on.
-    if model_type == "qwen2" and not config.get("use_sliding_window", False):
+    # Qwen2/3 configs carry a sliding_window that only use_sliding_window switches on.
+    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         return None
     window = config.get("sliding_window")
     return int(window) if window is not None else None
@@ -174,6 +175,9 @@ def gguf_state(gguf: GGUFWeights, args: ModelArgs, projections: bool) -> dict[st
         out[dst + "ffn_norm.weight"] = gguf.floats(blk + "ffn_norm.weight")
         if args.qkv_bias:
             out[dst + "attention.wqkv.bias"] = gguf.bias(dst + "attention.wqkv", args)
+        if args.qk_norm:
+            out[dst + "attention.q_norm.weight"] = gguf.floats(blk + "attn_q_norm.weight")
+            out[dst + "attention.k_norm.weight"] = gguf.floats(blk + "attn_k_norm.weight")
     for name in projection_names(args) if projections else ():
         if name == "output" and not gguf.has("output.weight"):  # tied: the head is the embedding
             out["output.weight"] = out["tok_embeddings.weight"]
@@ -207,6 +211,9 @@ def _to_engine_names(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, 
         if args.qkv_bias:
             out[dst + "attention.wqkv.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
         out[dst + "attention.wo.weight"] = take(attn + "o_proj.weight")
+        if args.qk_norm:
+            out[dst + "attention.q_norm.weight"] = take(attn + "q_norm.weight")
+            out[dst + "attention.k_norm.weight"] = take(attn + "k_norm.weight")
         mlp = src + "mlp."
         out[dst + "feed_forward.w13.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
         out[dst + "feed_forward.w2.weight"] = take(mlp + "down_proj.weight")

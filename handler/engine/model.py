@@ -29,6 +29,7 @@ class ModelArgs:
     norm_eps: float
     rope_theta: float
     qkv_bias: bool = False
+    qk_norm: bool = False  # Qwen3: each head's query and key RMS-normalized (over head_dim) before RoPE
     tie_embeddings: bool = False
     # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
     rope_llama3_scaling: tuple[float, float, float, int] | None = None
@@ -138,14 +139,19 @@ class Attention(nn.Module):
         # q, k and v fused into one matmul: one weight read per layer instead of three.
         self.wqkv = Linear(args.dim, qkv_out, bias=args.qkv_bias)
         self.wo = Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
         self.kv_cache: KVCache | None = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         a = self.args
         b, t, _ = x.shape
         q, k, v = self.wqkv(x).split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim], -1)
-        q = q.view(b, t, a.n_heads, a.head_dim).transpose(1, 2)
-        k = k.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
+        q, k = q.view(b, t, a.n_heads, a.head_dim), k.view(b, t, a.n_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 

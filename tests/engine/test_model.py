@@ -61,6 +61,30 @@ def test_qwen2_with_biases_matches_transformers(qwen2_random_checkpoint):
     _compare_prefill_and_decode(qwen2_random_checkpoint, [5, 17, 300, 42, 7, 99])
 
 
+@pytest.fixture(scope="module")
+def qwen3_random_checkpoint(tmp_path_factory):
+    """A small random-weight Qwen3-style checkpoint: q/k RMSNorm, a head_dim that is not
+    hidden / heads, GQA, tied head."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=48, tie_word_embeddings=True,
+                         rope_theta=1000000.0, max_position_embeddings=256)
+    model = Qwen3ForCausalLM(config)
+    for name, p in model.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            torch.nn.init.uniform_(p, 0.5, 1.5)  # not all ones, so a dropped norm weight shows
+    path = tmp_path_factory.mktemp("qwen3")
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "tokenizer.json").write_text(json.dumps({}))
+    return path
+
+
+def test_qwen3_with_query_key_norms_matches_transformers(qwen3_random_checkpoint):
+    _compare_prefill_and_decode(qwen3_random_checkpoint, [5, 17, 300, 42, 7, 99])
+
+
 def test_unsupported_architecture_is_named(tmp_path):
     from handler.engine.checkpoint import CheckpointError
 
