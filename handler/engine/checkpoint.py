@@ -3,7 +3,9 @@
 Weights come from safetensors (never pickle), or, in a directory with no safetensors, from its
 GGUF file alone (archive.sh writes config.json and the tokenizer beside a GGUF it is given:
 handler.build.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
-qwen2 (q/k/v biases), qwen3 (q/k RMSNorm).
+qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), gemma3_text (Gemma 3 270M / 1B: sandwich norms, GeGLU,
+scaled embeddings, local and global RoPE; its sliding window is not implemented, so a context
+longer than the window is refused).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from handler.engine.quant.gguf import GGUFWeights
 from handler.engine.quant.layout import QuantizedWeight
 from handler.engine.quant.ops import dequantize
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 
 
@@ -68,6 +70,9 @@ def open_checkpoint(path: Path) -> Checkpoint:
 
 def model_args_from_config(config: dict) -> ModelArgs:
     model_type = config.get("model_type")
+    if model_type == "gemma3" and "text_config" in config:
+        raise CheckpointError("model_type 'gemma3' is Gemma 3 with its vision tower (4B and up); the text-only "
+                              "Gemma 3 models (model_type gemma3_text: 270M, 1B) are served")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(
             f"unsupported architecture model_type={model_type!r} "
@@ -78,6 +83,8 @@ def model_args_from_config(config: dict) -> ModelArgs:
         raise CheckpointError(f"config.json is missing {', '.join(missing)}")
     n_heads = config["num_attention_heads"]
     dim = config["hidden_size"]
+    family = _gemma3(config) if model_type == "gemma3_text" else {"rope_theta": _rope_theta(config),
+                                                                  "qk_norm": model_type == "qwen3"}
     return ModelArgs(
         vocab_size=config["vocab_size"],
         dim=dim,
@@ -87,13 +94,34 @@ def model_args_from_config(config: dict) -> ModelArgs:
         head_dim=config.get("head_dim") or dim // n_heads,
         intermediate_size=config["intermediate_size"],
         norm_eps=config.get("rms_norm_eps", 1e-6),
-        rope_theta=_rope_theta(config),
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-        qk_norm=model_type == "qwen3",
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        rope_llama3_scaling=_llama3_scaling(config),
+        tie_embeddings=bool(config.get("tie_word_embeddings", model_type == "gemma3_text")),
+        rope_llama3_scaling=None if model_type == "gemma3_text" else _llama3_scaling(config),
         sliding_window=_sliding_window(model_type, config),
+        **family,
     )
+
+
+def _gemma3(config: dict) -> dict:
+    """Gemma 3's own ModelArgs fields; what it may carry that the engine does not compute is refused."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            raise CheckpointError(f"config.json sets {key}, which the engine does not implement")
+    if config.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise CheckpointError(f"unsupported hidden_activation {config['hidden_activation']!r}; supported: gelu_pytorch_tanh")
+    ropes = config.get("rope_parameters") or {}  # transformers >= 5: one per layer type
+    full = ropes.get("full_attention") or {"rope_theta": config.get("rope_theta", 1e6), **(config.get("rope_scaling") or {})}
+    local = ropes.get("sliding_attention") or {"rope_theta": config.get("rope_local_base_freq", 1e4)}
+    for params in (full, local):
+        if params.get("rope_type", params.get("type", "default")) != "default":
+            raise CheckpointError(f"unsupported rope scaling {params.get('rope_type', params.get('type'))!r}; supported: default")
+    every = config.get("sliding_window_pattern", 6)
+    types = config.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                           for i in range(config["num_hidden_layers"])]
+    return {"rope_theta": float(full["rope_theta"]), "local_rope_theta": float(local["rope_theta"]),
+            "local_layers": tuple(i for i, kind in enumerate(types) if kind == "sliding_attention"),
+            "qk_norm": True, "norm_offset": 1.0, "embed_scale": True, "post_norms": True, "gelu_mlp": True,
+            "attn_scale": float(config.get("query_pre_attn_scalar", 256)) ** -0.5}
 
 
 def _sliding_window(model_type: str, config: dict) -> int | None:
@@ -168,16 +196,20 @@ def projection_names(args: ModelArgs) -> list[str]:
 def gguf_state(gguf: GGUFWeights, args: ModelArgs, projections: bool) -> dict[str, torch.Tensor]:
     """The engine's float tensors from a GGUF file (float32; quantized ones dequantized):
     embedding, norms, biases, and the projections when `projections`."""
-    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight"), "norm.weight": gguf.floats("output_norm.weight")}
+    def norm(name: str) -> torch.Tensor:  # llama.cpp stores Gemma's norms with their offset added
+        return gguf.floats(name) - args.norm_offset
+
+    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight"), "norm.weight": norm("output_norm.weight")}
+    names = {"attention_norm": "attn_norm", "ffn_norm": "ffn_norm", "attention.q_norm": "attn_q_norm",
+             "attention.k_norm": "attn_k_norm", "post_attention_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
+    wanted = ["attention_norm", "ffn_norm"] + ["attention.q_norm", "attention.k_norm"] * args.qk_norm \
+        + ["post_attention_norm", "post_ffn_norm"] * args.post_norms
     for i in range(args.n_layers):
         blk, dst = f"blk.{i}.", f"layers.{i}."
-        out[dst + "attention_norm.weight"] = gguf.floats(blk + "attn_norm.weight")
-        out[dst + "ffn_norm.weight"] = gguf.floats(blk + "ffn_norm.weight")
+        for ours in wanted:
+            out[f"{dst}{ours}.weight"] = norm(f"{blk}{names[ours]}.weight")
         if args.qkv_bias:
             out[dst + "attention.wqkv.bias"] = gguf.bias(dst + "attention.wqkv", args)
-        if args.qk_norm:
-            out[dst + "attention.q_norm.weight"] = gguf.floats(blk + "attn_q_norm.weight")
-            out[dst + "attention.k_norm.weight"] = gguf.floats(blk + "attn_k_norm.weight")
     for name in projection_names(args) if projections else ():
         if name == "output" and not gguf.has("output.weight"):  # tied: the head is the embedding
             out["output.weight"] = out["tok_embeddings.weight"]
@@ -218,5 +250,10 @@ def _to_engine_names(hf: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, 
         out[dst + "feed_forward.w13.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
         out[dst + "feed_forward.w2.weight"] = take(mlp + "down_proj.weight")
         out[dst + "attention_norm.weight"] = take(src + "input_layernorm.weight")
-        out[dst + "ffn_norm.weight"] = take(src + "post_attention_layernorm.weight")
+        if args.post_norms:  # Gemma 3: a norm before and after each of attention and the MLP
+            out[dst + "post_attention_norm.weight"] = take(src + "post_attention_layernorm.weight")
+            out[dst + "ffn_norm.weight"] = take(src + "pre_feedforward_layernorm.weight")
+            out[dst + "post_ffn_norm.weight"] = take(src + "post_feedforward_layernorm.weight")
+        else:
+            out[dst + "ffn_norm.weight"] = take(src + "post_attention_layernorm.weight")
     return out

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2) written for torch.compile.
+"""A Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2/3, Gemma 3) written for torch.compile.
 
 Every sequence in a batch lives in its own KV-cache slot with its own position, so prompts of
 different lengths share one batch and slots can be freed and refilled between decode steps.
@@ -36,6 +36,16 @@ class ModelArgs:
     # Sliding-window attention (Mistral-style): each position sees only the last this-many. Not
     # implemented: a context longer than the window is refused (checkpoint.check_context).
     sliding_window: int | None = None
+    # Gemma 3: norms scale by (norm_offset + w) in float32; embeddings times sqrt(dim); a norm
+    # after attention and after the MLP too; GeGLU; queries scaled by attn_scale (else
+    # head_dim ** -0.5); the sliding-window layers (local_layers) rotate with their own RoPE base.
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+    post_norms: bool = False
+    gelu_mlp: bool = False
+    attn_scale: float | None = None
+    local_rope_theta: float | None = None
+    local_layers: tuple[int, ...] = ()
 
 
 class KVCache(nn.Module):
@@ -63,10 +73,12 @@ class KVCache(nn.Module):
         self.v[rows, :, input_pos] = v[:, :, 0]
 
 
-def rope_frequencies(args: ModelArgs, max_seq: int) -> tuple[Tensor, Tensor]:
-    """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF)."""
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
-    if args.rope_llama3_scaling is not None:
+def rope_frequencies(args: ModelArgs, max_seq: int, local: bool = False) -> tuple[Tensor, Tensor]:
+    """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF); `local`:
+    the sliding-window layers' (their own base, no scaling)."""
+    theta = args.local_rope_theta if local else args.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
+    if args.rope_llama3_scaling is not None and not local:
         inv_freq = _llama3_scale(inv_freq, *args.rope_llama3_scaling)
     angles = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
@@ -90,7 +102,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor, scale: float | None = None) -> Tensor:
     """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
     sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D].
 
@@ -108,7 +120,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor)
         scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
     else:
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
-    scores = scores * d**-0.5  # [B, K, G, S]
+    scores = scores * (d**-0.5 if scale is None else scale)  # [B, K, G, S]
     visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
@@ -120,14 +132,16 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:  # Gemma: (offset + w) in float32, then cast
+            return (xf * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * xf.to(x.dtype)
 
 
@@ -140,8 +154,8 @@ class Attention(nn.Module):
         self.wqkv = Linear(args.dim, qkv_out, bias=args.qkv_bias)
         self.wo = Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         if args.qk_norm:
-            self.q_norm = RMSNorm(args.head_dim, args.norm_eps)
-            self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
+            self.q_norm = RMSNorm(args.head_dim, args.norm_eps, args.norm_offset)
+            self.k_norm = RMSNorm(args.head_dim, args.norm_eps, args.norm_offset)
         self.kv_cache: KVCache | None = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -167,7 +181,7 @@ class Attention(nn.Module):
         kv_len = visible.shape[-1]
         keys = self.kv_cache.k[slot_ids, :, :kv_len]  # [B, K, S, D]: cached prefix and this chunk
         values = self.kv_cache.v[slot_ids, :, :kv_len]
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True, scale=self.args.attn_scale)
         return self._out(y)
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
@@ -179,19 +193,19 @@ class Attention(nn.Module):
         torch._check(b <= self.kv_cache.k.shape[0])
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
-        return self._out(decode_attention(q, keys, values, input_pos))
+        return self._out(decode_attention(q, keys, values, input_pos, self.args.attn_scale))
 
 
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.hidden = args.intermediate_size
+        self.hidden, self.gelu = args.intermediate_size, args.gelu_mlp
         self.w13 = Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate and up, fused
         self.w2 = Linear(args.intermediate_size, args.dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w13(x).split(self.hidden, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
 class Block(nn.Module):
@@ -199,21 +213,30 @@ class Block(nn.Module):
         super().__init__()
         self.attention = Attention(args)
         self.feed_forward = FeedForward(args)
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
+        if args.post_norms:
+            self.post_attention_norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
+            self.post_ffn_norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
+        self.post_norms = args.post_norms
+
+    def _residual(self, x: Tensor, out: Tensor, post: str) -> Tensor:
+        return x + (getattr(self, post)(out) if self.post_norms else out)
 
     # Compile regions: Dynamo traces one layer's step and reuses the trace for the others, and
     # aot.trace_settings inlines them back into one flat graph (the same graph, ~20% less compile CPU).
     @torch.compiler.nested_compile_region
     def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor, positions: Tensor,
                 visible: Tensor) -> Tensor:
-        h = x + self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids, positions, visible)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = self._residual(x, self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids, positions, visible),
+                           "post_attention_norm")
+        return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
     @torch.compiler.nested_compile_region
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
-        h = x + self.attention.decode(self.attention_norm(x), cos, sin, input_pos, kv_len)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = self._residual(x, self.attention.decode(self.attention_norm(x), cos, sin, input_pos, kv_len),
+                           "post_attention_norm")
+        return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
 
 class Transformer(nn.Module):
@@ -222,7 +245,7 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.output = Linear(args.dim, args.vocab_size, bias=False)
         self.max_seq = 0
 
@@ -252,6 +275,23 @@ class Transformer(nn.Module):
         cos, sin = rope_frequencies(self.args, max_seq + 1)  # the spare position too (padding writes it)
         self.register_buffer("rope_cos", cos.to(device), persistent=False)
         self.register_buffer("rope_sin", sin.to(device), persistent=False)
+        if self.args.local_layers:
+            cos, sin = rope_frequencies(self.args, max_seq + 1, local=True)
+            self.register_buffer("rope_cos_local", cos.to(device), persistent=False)
+            self.register_buffer("rope_sin_local", sin.to(device), persistent=False)
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        x = self.tok_embeddings(tokens)
+        if self.args.embed_scale:  # sqrt(dim) rounded to the weights' dtype first, as Gemma's reference
+            x = x * torch.tensor(self.args.dim**0.5, dtype=x.dtype)
+        return x
+
+    def _ropes(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's (cos, sin) rows at `positions`, shaped as positions + [D]."""
+        ropes = {False: (self.rope_cos[positions], self.rope_sin[positions])}
+        if self.args.local_layers:
+            ropes[True] = (self.rope_cos_local[positions], self.rope_sin_local[positions])
+        return [ropes[i in self.args.local_layers] for i in range(len(self.layers))]
 
     @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
@@ -272,21 +312,17 @@ class Transformer(nn.Module):
         for arg in (slot_ids, start_pos, last_index):
             torch._check(arg.shape[0] == b)
         positions = (start_pos[:, None] + torch.arange(t, device=tokens.device)[None, :]).clamp(max=self.max_seq)  # [B, T]
-        cos = self.rope_cos[positions][:, None]  # [B, 1, T, D]
-        sin = self.rope_sin[positions][:, None]
         visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        x = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            x = layer.prefill(x, cos, sin, slot_ids, positions, visible[:, None])
+        x = self._embed(tokens)
+        for layer, (cos, sin) in zip(self.layers, self._ropes(positions)):  # cos, sin: [B, T, D] -> [B, 1, T, D]
+            x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, visible[:, None])
         last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
         return self.output(self.norm(last)).float()
 
     def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
         positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
-        cos = self.rope_cos[input_pos][:, None, None, :]  # [B, 1, 1, D]
-        sin = self.rope_sin[input_pos][:, None, None, :]
-        x = self.tok_embeddings(tokens[:, None])
-        for layer in self.layers:
-            x = layer.decode(x, cos, sin, input_pos, kv_len)
+        x = self._embed(tokens[:, None])
+        for layer, (cos, sin) in zip(self.layers, self._ropes(input_pos)):  # cos, sin: [B, D] -> [B, 1, 1, D]
+            x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], input_pos, kv_len)
         return self.output(self.norm(x[:, 0])).float()
