@@ -3,6 +3,7 @@
 Requests are added into free slots, then each `step()` advances every running one by a token and
 prefills the next chunk of the newly added ones (at most `prefill_chunk` padded tokens a step, so
 a long prompt does not stall the running streams; a prompt's last chunk gives its first token).
+A prompt with one token left to compute (the prefix cache holds the rest) rides the decode batch.
 Finished sequences free their slot at once, so a waiting request can take it before the next
 step: this is what continuous batching needs.
 
@@ -13,7 +14,6 @@ I/O; the TorchServe handler drives it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,7 +21,8 @@ from torch import Tensor
 
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
-from handler.engine.sampling import SamplingParams, TokenLogprob, make_generator, sample_next, token_logprob
+from handler.engine.sampling import SamplingParams, make_generator, sample_next, token_logprob
+from handler.engine.sequence import Sequence, StepOutput
 from handler.engine.stop_text import cut_at_stop, take_text
 from handler.engine.tokenizer import Tokenizer
 
@@ -51,47 +52,6 @@ CopyPrefixFn = Callable[[int, int, int], None]  # (src slot, dst slot, positions
 
 class EngineFull(RuntimeError):
     """Every slot is taken; the caller keeps the request waiting."""
-
-
-@dataclass
-class Sequence:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    slot: int
-    generator: torch.Generator | None
-    index: int = 0  # which of its request's samples
-    leader: Sequence | None = None  # the request's first sample, whose prefill this one copies
-    matcher: Matcher | None = None  # its grammar's state, when params.json_schema constrains it
-    started: bool = False  # its prefill has begun (its slot's cached prefix is settled)
-    prefilled: int = 0  # prompt positions with KV in its slot
-    cached_tokens: int = 0  # of those, taken from the prefix cache rather than computed
-    output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    emitted_chars: int = 0
-    finish_reason: str | None = None
-
-    @property
-    def next_pos(self) -> int:
-        # position of the last sampled token, which the next decode step writes into the cache
-        return len(self.prompt_ids) + len(self.output_ids) - 1
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    request_id: str
-    index: int  # which of the request's samples (0 unless it asked for several)
-    text: str  # new text since the previous output of this request
-    token_ids: tuple[int, ...]
-    finish_reason: str | None  # None while running; "stop" or "length" when done
-    prompt_tokens: int
-    completion_tokens: int
-    logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked for them
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class Engine:
@@ -184,9 +144,13 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
         running = [s for s in self._slots if s is not None and s.output_ids]
+        riders = self._riders()
         outputs = []
-        if running:
-            outputs += self._advance(running, self._run_decode(running))
+        if running or riders:
+            logits = self._run_decode(running + [s for s, _, _ in riders])
+            outputs += self._advance(running, logits[:len(running)])
+            if riders:
+                outputs += self._advance(*self._prefilled(riders, logits[len(running):]))
         chunks = self._schedule_prefill()
         if chunks:
             ready, logits = self._prefilled(chunks, self._run_prefill(chunks))
@@ -207,6 +171,19 @@ class Engine:
         return [done[str(i)] for i in range(len(prompts))]
 
     # ---- prefill: which chunks, from where --------------------------------------------------
+    def _riders(self) -> list[tuple[Sequence, int, int]]:
+        """Chunks of one token: waiting prompts the prefix cache holds all but the last token of
+        (a repeated prompt, a regenerated answer). That token rides this step's decode batch at
+        its position, one row, instead of a padded prefill row set of its own."""
+        rows = []
+        for s in self._waiting:
+            if s.leader is not None or s.started or self._cache.longest(s.prompt_ids)[1] < len(s.prompt_ids) - 1:
+                continue
+            self._start(s)
+            if len(s.prompt_ids) - s.prefilled == 1:
+                rows.append((s, s.prefilled, 1))
+        return rows
+
     def _schedule_prefill(self) -> list[tuple[Sequence, int, int]]:
         """This step's chunks (sequence, first position, tokens), first come first served, while
         the padded batch fits in prefill_chunk tokens. A request's other samples wait for its
@@ -310,8 +287,8 @@ class Engine:
         n = max(s.slot for s in seqs) + 1
         tokens = torch.zeros(n, dtype=torch.long)
         pos = torch.tensor([len(self._cache.held(i)) for i in range(n)])
-        for s in seqs:
-            tokens[s.slot], pos[s.slot] = s.output_ids[-1], s.next_pos
+        for s in seqs:  # a rider (no output yet) feeds its prompt's last token at its position
+            tokens[s.slot], pos[s.slot] = (s.output_ids or s.prompt_ids)[-1], s.next_pos
         kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
         for s in seqs:

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from handler.engine.engine import Engine, EngineFull, StepOutput
+from handler.engine.engine import Engine, EngineFull
+from handler.engine.sequence import StepOutput
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_list_body
