@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from handler.engine.engine import Engine, EngineFull
-from handler.engine.sequence import StepOutput
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
+from handler.engine.sequence import StepOutput
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
 from handler.serving.step_thread import StepThread
-
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
                "finished; retry on another replica")
