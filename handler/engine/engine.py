@@ -3,7 +3,6 @@
 Requests are added into free slots, then each `step()` advances every running one by a token and
 prefills the next chunk of the newly added ones (at most `prefill_chunk` padded tokens a step, so
 a long prompt does not stall the running streams; a prompt's last chunk gives its first token).
-A prompt with one token left to compute (the prefix cache holds the rest) rides the decode batch.
 Finished sequences free their slot at once, so a waiting request can take it before the next
 step: this is what continuous batching needs.
 
@@ -144,13 +143,9 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
         running = [s for s in self._slots if s is not None and s.output_ids]
-        riders = self._riders()
         outputs = []
-        if running or riders:
-            logits = self._run_decode(running + [s for s, _, _ in riders])
-            outputs += self._advance(running, logits[:len(running)])
-            if riders:
-                outputs += self._advance(*self._prefilled(riders, logits[len(running):]))
+        if running:
+            outputs += self._advance(running, self._run_decode(running))
         chunks = self._schedule_prefill()
         if chunks:
             ready, logits = self._prefilled(chunks, self._run_prefill(chunks))
@@ -171,19 +166,6 @@ class Engine:
         return [done[str(i)] for i in range(len(prompts))]
 
     # ---- prefill: which chunks, from where --------------------------------------------------
-    def _riders(self) -> list[tuple[Sequence, int, int]]:
-        """Chunks of one token: waiting prompts the prefix cache holds all but the last token of
-        (a repeated prompt, a regenerated answer). That token rides this step's decode batch at
-        its position, one row, instead of a padded prefill row set of its own."""
-        rows = []
-        for s in self._waiting:
-            if s.leader is not None or s.started or self._cache.longest(s.prompt_ids)[1] < len(s.prompt_ids) - 1:
-                continue
-            self._start(s)
-            if len(s.prompt_ids) - s.prefilled == 1:
-                rows.append((s, s.prefilled, 1))
-        return rows
-
     def _schedule_prefill(self) -> list[tuple[Sequence, int, int]]:
         """This step's chunks (sequence, first position, tokens), first come first served, while
         the padded batch fits in prefill_chunk tokens. A request's other samples wait for its
@@ -287,8 +269,8 @@ class Engine:
         n = max(s.slot for s in seqs) + 1
         tokens = torch.zeros(n, dtype=torch.long)
         pos = torch.tensor([len(self._cache.held(i)) for i in range(n)])
-        for s in seqs:  # a rider (no output yet) feeds its prompt's last token at its position
-            tokens[s.slot], pos[s.slot] = (s.output_ids or s.prompt_ids)[-1], s.next_pos
+        for s in seqs:
+            tokens[s.slot], pos[s.slot] = s.output_ids[-1], s.next_pos
         kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
         for s in seqs:

@@ -73,21 +73,6 @@ def test_a_repeated_prompt_shorter_than_a_block_prefills_only_its_last_token(cac
     assert_same_generation(got, reference("nameacolor", 4))
 
 
-def test_a_prompt_cached_but_its_last_token_rides_the_decode_step_as_a_fresh_prefill_would(cached):
-    cached.add("a", ids(cached, SYSTEM + "whatisthesky"), params(12))
-    done: dict[str, list[StepOutput]] = {}
-    for _ in range(3):
-        collect(cached.step(), done)
-    cached.add("b", ids(cached, SYSTEM + "whatisthesky"), params(6))  # all cached but the last token
-    before = cached.running
-    collect(cached.step(), done)
-    assert done["b"][0].cached_tokens == len(SYSTEM + "whatisthesky") - 1 and cached.running == before
-    while cached.running:
-        collect(cached.step(), done)
-    assert_same_generation(done["b"], reference(SYSTEM + "whatisthesky", 6))
-    assert_same_generation(done["a"], reference(SYSTEM + "whatisthesky", 12))
-
-
 def test_one_client_taking_turns_between_prompts_keeps_each_cached(cached):
     """A lone request always runs in slot 0; what slot 0 held is parked in a free slot first."""
     for text in ("nameacolor", SYSTEM + "whatisthesky"):

@@ -68,28 +68,18 @@ def test_a_finished_sequence_frees_its_slot_in_the_step_that_finishes_it():
 
 def test_a_request_added_while_others_decode_joins_the_next_step():
     engine, steps = counting_engine()
-    engine.add("a", TOK.encode("za"), greedy(5))
+    engine.add("a", TOK.encode("a"), greedy(5))
     engine.step()
-    engine.add("b", TOK.encode("jk"), greedy(5))
+    engine.add("b", TOK.encode("k"), greedy(5))
     outputs = engine.step()
     assert [(o.request_id, o.text) for o in outputs] == [("a", "c"), ("b", "l")]
     assert [name for name, _, _ in steps.calls] == ["prefill", "decode", "prefill"]
 
 
-def test_a_one_token_prompt_rides_the_decode_step_with_no_prefill_call():
-    engine, steps = counting_engine()
-    engine.add("a", TOK.encode("za"), greedy(5))
-    engine.step()
-    engine.add("b", TOK.encode("k"), greedy(5))
-    outputs = engine.step()
-    assert [(o.request_id, o.text) for o in outputs] == [("a", "c"), ("b", "l")]
-    assert [name for name, _, _ in steps.calls] == ["prefill", "decode"]
-
-
 def test_decode_covers_every_slot_up_to_the_highest_running_one():
     engine, steps = counting_engine(slots=4)
     for rid in "abc":
-        engine.add(rid, TOK.encode("z" + rid), greedy(5))  # two tokens: prefilled, not riding decode
+        engine.add(rid, TOK.encode(rid), greedy(5))
     engine.step()
     engine.cancel("b")
     engine.step()

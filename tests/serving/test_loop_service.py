@@ -140,8 +140,8 @@ class FailingOnce(CountingSteps):
 def test_a_failing_step_fails_what_was_running_and_the_loop_serves_on():
     steps = FailingOnce()
     svc = service(engine=Engine(steps.prefill, steps.decode, CharTokenizer(), 4, 64, "cpu"))
-    whole, stream = submit(svc, "a", req("za", n=3)), submit(svc, "b", req("jk", n=3, stream=True))
-    svc.run_once()  # prefill (two-token prompts: not riding decode): one token each, streamed pieces sent
+    whole, stream = submit(svc, "a", req("a", n=3)), submit(svc, "b", req("k", n=3, stream=True))
+    svc.run_once()  # prefill: one token each, streamed pieces sent
     svc.run_once()  # decode raises
     assert whole.final.status == 500 and whole.final.more is None and "boom" in whole.final.body
     # the stream's 200 was sent: it ends with an error event
