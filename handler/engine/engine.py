@@ -214,9 +214,11 @@ class Engine:
         """Before `slot`'s tokens after `keep` are overwritten, copy what it holds into the least
         recently used free slot (not `busy`, the new prompt's source), unless another slot holds
         it too: the cache keeps up to one prefix a slot however few requests run at once, as
-        llama.cpp's prompt cache does (a lone request always decodes in slot 0)."""
+        llama.cpp's prompt cache does (a lone request always decodes in slot 0). Only while at least
+        half the slots are free: under load prompts stay spread over the slots anyway, and a copy
+        per admission would take step time."""
         held = self._cache.held(slot)
-        if len(held) <= keep:
+        if len(held) <= keep or self.free_slots * 2 < len(self._slots):
             return
         others = [i for i, s in enumerate(self._slots) if i != slot]
         if self._cache.longest(held, among=others)[1] >= len(held):
