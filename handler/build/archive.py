@@ -59,7 +59,12 @@ def _stage(dest: Path, src: Path, patterns: tuple[str, ...] = CHECKPOINT_FILES) 
             if file.is_file():
                 target = dest / file.relative_to(src)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(file, target)
-                except OSError:
-                    shutil.copy2(file, target)
+                link_or_copy(file, target)
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """A hard link where the filesystem allows one, else a copy."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)

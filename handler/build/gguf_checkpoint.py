@@ -9,10 +9,10 @@ tokenizer). A tensor type the engine does not serve is refused here, with its na
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
+from handler.build.archive import link_or_copy
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights
 
@@ -41,7 +41,7 @@ def stage_gguf(gguf: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
-    _link(gguf, dest / gguf.name)
+    link_or_copy(gguf, dest / gguf.name)
     return dest
 
 
@@ -69,10 +69,3 @@ def _convert(gguf: Path):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     return config, tokenizer
-
-
-def _link(src: Path, dest: Path) -> None:
-    try:
-        os.link(src, dest)
-    except OSError:
-        shutil.copy2(src, dest)

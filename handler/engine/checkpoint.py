@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from handler.engine.config import find_gguf
-from handler.engine.model import ModelArgs, Transformer
+from handler.engine.model import ModelArgs, Transformer, projections as model_projections
 from handler.engine.quant.gguf import GGUFWeights
 from handler.engine.quant.layout import QuantizedWeight
 from handler.engine.quant.ops import dequantize
@@ -173,33 +173,26 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device 
     the model stays on the CPU then (the caller moves it once they are filled)."""
     with torch.device("meta"):
         model = Transformer(ckpt.args)
+    names = [name for name, _ in model_projections(model)]
     if ckpt.gguf_only:
-        state = gguf_state(GGUFWeights(ckpt.gguf), ckpt.args, projections)
+        state = gguf_state(GGUFWeights(ckpt.gguf), ckpt.args, dtype, names if projections else [])
     else:
         state = _to_engine_names(_read_state(ckpt, dtype), ckpt.args)
-    cast: dict[int, torch.Tensor] = {}  # one copy of a tensor two names share (a tied head)
-    state = {k: cast.setdefault(id(v), v.to(dtype)) for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
-    expected = set() if projections else {f"{name}.weight" for name in projection_names(ckpt.args)}
+    expected = set() if projections else {f"{name}.weight" for name in names}
     if set(missing) != expected or unexpected:
         raise CheckpointError(f"weights do not fit the model: missing {sorted(set(missing) - expected)}, "
                               f"unexpected {sorted(unexpected)}")
     return (model.to(device) if projections else model).eval().requires_grad_(False)
 
 
-def projection_names(args: ModelArgs) -> list[str]:
-    """The engine's Linear modules, by name."""
-    per_layer = ("attention.wqkv", "attention.wo", "feed_forward.w13", "feed_forward.w2")
-    return [f"layers.{i}.{p}" for i in range(args.n_layers) for p in per_layer] + ["output"]
-
-
-def gguf_state(gguf: GGUFWeights, args: ModelArgs, projections: bool) -> dict[str, torch.Tensor]:
-    """The engine's float tensors from a GGUF file (float32; quantized ones dequantized):
-    embedding, norms, biases, and the projections when `projections`."""
+def gguf_state(gguf: GGUFWeights, args: ModelArgs, dtype: torch.dtype, projections: list[str]) -> dict[str, torch.Tensor]:
+    """The engine's tensors from a GGUF file in `dtype` (quantized ones dequantized): embedding,
+    norms, biases, and the named projections."""
     def norm(name: str) -> torch.Tensor:  # llama.cpp stores Gemma's norms with their offset added
-        return gguf.floats(name) - args.norm_offset
+        return (gguf.floats(name) - args.norm_offset).to(dtype)
 
-    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight"), "norm.weight": norm("output_norm.weight")}
+    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight").to(dtype), "norm.weight": norm("output_norm.weight")}
     names = {"attention_norm": "attn_norm", "ffn_norm": "ffn_norm", "attention.q_norm": "attn_q_norm",
              "attention.k_norm": "attn_k_norm", "post_attention_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
     wanted = ["attention_norm", "ffn_norm"] + ["attention.q_norm", "attention.k_norm"] * args.qk_norm \
@@ -209,13 +202,13 @@ def gguf_state(gguf: GGUFWeights, args: ModelArgs, projections: bool) -> dict[st
         for ours in wanted:
             out[f"{dst}{ours}.weight"] = norm(f"{blk}{names[ours]}.weight")
         if args.qkv_bias:
-            out[dst + "attention.wqkv.bias"] = gguf.bias(dst + "attention.wqkv", args)
-    for name in projection_names(args) if projections else ():
+            out[dst + "attention.wqkv.bias"] = gguf.bias(dst + "attention.wqkv", args).to(dtype)
+    for name in projections:
         if name == "output" and not gguf.has("output.weight"):  # tied: the head is the embedding
             out["output.weight"] = out["tok_embeddings.weight"]
             continue
         w = gguf.projection(name, args)
-        out[f"{name}.weight"] = dequantize(w) if isinstance(w, QuantizedWeight) else w.float()
+        out[f"{name}.weight"] = (dequantize(w) if isinstance(w, QuantizedWeight) else w).to(dtype)
     return out
 
 

@@ -239,6 +239,11 @@ class Block(nn.Module):
         return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
 
+def projections(model: nn.Module) -> list[tuple[str, Linear]]:
+    """The model's projections (its Linear modules), by name."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()

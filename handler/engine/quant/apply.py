@@ -16,8 +16,7 @@ import torch
 
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.linear import Linear
-from handler.engine.model import Transformer
+from handler.engine.model import Transformer, projections
 from handler.engine.kernels import build
 from handler.engine.quant import ops
 from handler.engine.quant.gguf import GGUFWeights
@@ -60,10 +59,6 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
                                                          requires_grad=False)
     build.load()  # built now (~15 s the first time on a machine), not during the first request
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
-
-
-def projections(model: Transformer) -> list[tuple[str, Linear]]:
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
 
 
 def _check_same_model(w: QuantizedWeight, float_weight: torch.Tensor, gguf: GGUFWeights) -> None:
