@@ -15,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized.c", "matvec.c", "torch_op.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized.c", "kquant.c", "matvec.c", "torch_op.cpp"))
 
 
 class KernelBuildError(RuntimeError):
@@ -23,9 +23,10 @@ class KernelBuildError(RuntimeError):
 
 
 def source(targets: tuple[str, ...]) -> str:
-    """The kernels' translation unit; quantized.c gets `targets` (GCC target features the CPU has
-    beyond the profile's -march, e.g. avx512vnni) and no other file does."""
-    quantized, *rest = (p.read_text() for p in SOURCES)
+    """The kernels' translation unit; quantized.c and kquant.c get `targets` (GCC target features the CPU
+    has beyond the profile's -march, e.g. avx512vnni) and no other file does."""
+    quantized, kquant, *rest = (p.read_text() for p in SOURCES)
+    quantized += "\n" + kquant
     if targets:
         quantized = f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{quantized}\n#pragma GCC pop_options\n'
     return "\n".join([quantized, *rest])

@@ -81,17 +81,20 @@ static inline f8 half8(const uint16_t *p) {
 /* The rounded x rows of one tile (the R <= TILE rows multiplied together), interleaved block by
  * block so that one pointer of each kind reaches every row (a pointer per row ran out of registers):
  *   q [K/32, R, 32]; scale, sum (of the unrounded x: the int4 minimum's term) and qsum8 (8 * sum
- *   of q: the term of int4 without m, sum (q - 8) xq = sum q xq - 8 sum xq) [K/32, R] */
+ *   of q: the term of int4 without m, sum (q - 8) xq = sum q xq - 8 sum xq) [K/32, R]; qhalf, the
+ *   sums of q over columns 0-15 and 16-31 (kquant.c's centred form) [K/32, R, 2] */
 typedef struct {
     int8_t *q;
     float *scale;
     float *sum;
     int32_t *qsum8;
+    int32_t *qhalf;
 } RoundedTile;
 
-/* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale, its sum and 8 x q's sum. */
+/* One block of 32: q = round(x / scale) (to nearest even, as lrintf), its scale, its sum, 8 x q's sum
+ * and q's sums over each half. */
 #if defined(__AVX2__)
-static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8) {
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8, int32_t *qhalf) {
     const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 amax8 = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
@@ -102,9 +105,10 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
     const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
     __m256i i[4];
     for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  /* MXCSR: to nearest even */
-    const i8v isum = (i8v)_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-    int32_t qtotal = 0;
-    for (int j = 0; j < 8; j++) qtotal += isum[j];
+    const i8v lo = (i8v)_mm256_add_epi32(i[0], i[1]), hi = (i8v)_mm256_add_epi32(i[2], i[3]);
+    qhalf[0] = qhalf[1] = 0;
+    for (int j = 0; j < 8; j++) qhalf[0] += lo[j], qhalf[1] += hi[j];
+    const int32_t qtotal = qhalf[0] + qhalf[1];
     /* the packs work per 128-bit half: dwords come out as 0 lo, 1 lo, 2 lo, 3 lo | 0 hi, ..., put back in order */
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
@@ -113,12 +117,13 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
     *qsum8 = 8 * qtotal;
 }
 #else
-static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8) {
+static inline void round_block(const float *x, int8_t *q, float *scale, float *sum, int32_t *qsum8, int32_t *qhalf) {
     float amax = 0, total = 0;
-    int32_t qtotal = 0;
     for (int k = 0; k < BLOCK; k++) amax = fmaxf(amax, fabsf(x[k])), total += x[k];
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    for (int k = 0; k < BLOCK; k++) q[k] = (int8_t)lrintf(x[k] * inv), qtotal += q[k];
+    qhalf[0] = qhalf[1] = 0;
+    for (int k = 0; k < BLOCK; k++) q[k] = (int8_t)lrintf(x[k] * inv), qhalf[k / 16] += q[k];
+    const int32_t qtotal = qhalf[0] + qhalf[1];
     *scale = amax / 127.0f;
     *sum = total;
     *qsum8 = 8 * qtotal;
@@ -128,18 +133,20 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
 /* The M rows of x rounded, tile by tile, in one allocation: free() it. */
 static RoundedTile *round_tiles(const float *x, int64_t M, int64_t K) {
     const int64_t blocks = K / BLOCK, tiles = (M + TILE - 1) / TILE;
-    char *mem = (char *)malloc(tiles * sizeof(RoundedTile) + M * (K + 3 * sizeof(float) * blocks));
+    char *mem = (char *)malloc(tiles * sizeof(RoundedTile) + M * (K + 5 * sizeof(float) * blocks));
     RoundedTile *out = (RoundedTile *)mem;
     float *scales = (float *)(mem + tiles * sizeof(RoundedTile)), *sums = scales + M * blocks;
-    int32_t *qsums = (int32_t *)(sums + M * blocks);
-    int8_t *bytes = (int8_t *)(qsums + M * blocks);
+    int32_t *qsums = (int32_t *)(sums + M * blocks), *halves = qsums + M * blocks;
+    int8_t *bytes = (int8_t *)(halves + 2 * M * blocks);
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t first = t * TILE, R = M - first < TILE ? M - first : TILE;
-        RoundedTile tile = {bytes + first * K, scales + first * blocks, sums + first * blocks, qsums + first * blocks};
+        RoundedTile tile = {bytes + first * K, scales + first * blocks, sums + first * blocks, qsums + first * blocks,
+                            halves + 2 * first * blocks};
         for (int64_t i = 0; i < R; i++)
             for (int64_t b = 0; b < blocks; b++) {
                 const int64_t at = b * R + i;
-                round_block(x + (first + i) * K + b * BLOCK, tile.q + at * BLOCK, tile.scale + at, tile.sum + at, tile.qsum8 + at);
+                round_block(x + (first + i) * K + b * BLOCK, tile.q + at * BLOCK, tile.scale + at, tile.sum + at,
+                            tile.qsum8 + at, tile.qhalf + 2 * at);
             }
         out[t] = tile;
     }

@@ -1,11 +1,11 @@
-/* The CPU kernels of ts_llm::quantized_linear (schema in quant/ops.py) and ts_llm::bf16_linear
+/* The CPU kernels of ts_llm::quantized_linear and ts_llm::kquant_linear (schemas in quant/ops.py) and ts_llm::bf16_linear
  * (kernels/matvec.py), registered with the dispatcher from C++: compiled graphs call them 121 times
  * a decode step (default model), and a Python kernel cost ~30 us a call there (dispatcher into
  * Python, argument boxing, ctypes) against ~3 us here.
  * Written against torch's stable ABI (torch/csrc/stable and the AOTI C shim), whose headers build
  * in ~1 s where ATen's took ~8 s of every new instance's start; the output is allocated through
  * the shim (no dispatcher round trip) and the bias added here, so a call makes no boxed op call.
- * Appended to quantized.c and matvec.c and built with them (build.py). */
+ * Appended to quantized.c, kquant.c and matvec.c and built with them (build.py). */
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -89,6 +89,48 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
     });
 }
 
+Tensor kquant_linear_cpu(Tensor x, Tensor q, std::optional<Tensor> h, std::optional<Tensor> sc,
+                         std::optional<Tensor> mn, Tensor d, std::optional<Tensor> dmin, std::optional<Tensor> bias) {
+    // kquant.c's layout (quant/kquant.py's pack()): q uint8 [N/8, K/32, 128], h uint8 [N/8, K/32, 32 or 64]
+    // (5 or 6 bits), sc uint8 [N/8, K/32, 8] (int8 [N/8, K/32, 2, 8] for 6 bits), mn uint8 like sc (4 and 5
+    // bits), d and dmin float16 [N/8, K/S, 8] (no dmin for 6 bits)
+    STD_TORCH_CHECK(x.dim() > 0 && x.scalar_type() == ScalarType::Float, "kquant_linear: x must be float32, got ",
+                    x.scalar_type());
+    const int64_t K = x.size(-1);
+    STD_TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == ScalarType::Byte && q.size(2) == 128
+                        && q.size(1) * 32 == K,
+                    "kquant_linear: q ", shape_of(q), " is not a packed weight (KQuantWeight.pack()) for x ", shape_of(x));
+    const int64_t G = q.size(0), B = q.size(1), N = G * 8;
+    const int bits = !h ? 4 : h->size(-1) == 32 ? 5 : 6;
+    STD_TORCH_CHECK(!h || (h->dim() == 3 && h->is_contiguous() && h->scalar_type() == ScalarType::Byte && h->size(0) == G
+                           && h->size(1) == B && (h->size(2) == 32 || h->size(2) == 64)),
+                    "kquant_linear: h must be contiguous uint8 [N/8, K/32, 32 or 64]");
+    STD_TORCH_CHECK(d.dim() == 3 && d.is_contiguous() && d.scalar_type() == ScalarType::Half && d.size(0) == G
+                        && d.size(2) == 8 && d.size(1) > 0 && K % d.size(1) == 0 && (K / d.size(1)) % 32 == 0,
+                    "kquant_linear: d must be contiguous float16 [N/8, K/S, 8]");
+    auto like_d = [&](const Tensor &t) { return t.dim() == 3 && t.is_contiguous() && t.scalar_type() == ScalarType::Half
+                                                && t.size(0) == G && t.size(1) == d.size(1) && t.size(2) == 8; };
+    auto per_block = [&](const Tensor &t, ScalarType type, int64_t dims) {
+        return t.dim() == dims && t.is_contiguous() && t.scalar_type() == type && t.size(0) == G && t.size(1) == B
+               && t.size(-1) == 8 && (dims == 3 || t.size(2) == 2);
+    };
+    if (bits == 6) {
+        STD_TORCH_CHECK(sc && per_block(*sc, ScalarType::Char, 4) && !mn && !dmin,
+                        "kquant_linear: 6 bits take sc int8 [N/8, K/32, 2, 8] and no mn or dmin");
+    } else {
+        STD_TORCH_CHECK(dmin && like_d(*dmin), "kquant_linear: 4 and 5 bits take dmin float16 shaped like d");
+        STD_TORCH_CHECK((!sc && !mn) || (sc && mn && per_block(*sc, ScalarType::Byte, 3) && per_block(*mn, ScalarType::Byte, 3)),
+                        "kquant_linear: sc and mn are both uint8 [N/8, K/32, 8] or both absent");
+    }
+    auto bytes = [](const std::optional<Tensor> &t) { return t ? static_cast<const uint8_t *>(t->const_data_ptr()) : nullptr; };
+    return linear_rows("kquant_linear", x, N, bias, [&](const float *rows, float *out, int64_t M) {
+        ts_llm_kquant_linear(bits, rows, static_cast<const uint8_t *>(q.const_data_ptr()), bytes(h), bytes(sc), bytes(mn),
+                             static_cast<const uint16_t *>(d.const_data_ptr()),
+                             dmin ? static_cast<const uint16_t *>(dmin->const_data_ptr()) : nullptr, out, M, N, K,
+                             K / d.size(1), threads());
+    });
+}
+
 Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
     // x [..., K] float32, w [N, K] bfloat16 (row-major), bias float32 [N]
     STD_TORCH_CHECK(x.dim() > 0 && x.scalar_type() == ScalarType::Float,
@@ -107,5 +149,6 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
 
 STABLE_TORCH_LIBRARY_IMPL(ts_llm, CPU, lib) {
     lib.impl("quantized_linear", TORCH_BOX(&quantized_linear_cpu));
+    lib.impl("kquant_linear", TORCH_BOX(&kquant_linear_cpu));
     lib.impl("bf16_linear", TORCH_BOX(&bf16_linear_cpu));
 }

@@ -1,0 +1,175 @@
+/* GGUF's super-block formats (k-quants) and 5-bit blocks, taken as stored: y[M, N] = x[M, K] . W[N, K]^T.
+ * Built after quantized.c (build.py), whose x rounding, tiles and 8-row dot products it shares.
+ *
+ * Weights are unsigned integers q of 4, 5 or 6 bits in a packed layout (kquant.py's pack()), per
+ * row group of 8 and block of 32 columns:
+ *   q  [N/8, K/32, 128]   the low 4 bits, as int4's (quantized.c): vector j of the 8 loaded is columns 4j..4j+3
+ *   h  [N/8, K/32, 32]    5 bits: bit j of byte 4r + i is bit 4 of w[r, 4j + i]
+ *      [N/8, K/32, 64]    6 bits: byte 32 (j / 4) + 4r + i holds bits 4-5 of w[r, 4j + i] at bits 2 (j % 4)
+ * and the scales, per row (8 lanes side by side):
+ *   minimum form (Q4_K, Q5_K; Q5_0 and Q5_1 with S = 32 and no sc/mn):
+ *       w = d[S] * sc[32] * q - dmin[S] * mn[32]      sc, mn uint8 [N/8, K/32, 8] (absent: 1)
+ *   centred form (Q6_K):  w = d[S] * sc[16] * (q - 32)   sc int8 [N/8, K/32, 2, 8]
+ *   d, dmin float16 [N/8, K/S, 8], one per super-block of S columns (256, or 32 for Q5_0/Q5_1).
+ *
+ * Per block the integer sums are scaled by the integer sub-block scales (no overflow: 16 * 32 * 127
+ * * 128 < 2^31), then once in float by d and x's block scale; the minimum's term uses the exact sum
+ * of x, as int4's does. */
+
+#define KQ_HIGH_BYTES(bits) ((bits) == 4 ? 0 : (bits) == 5 ? 32 : 64)
+
+#if defined(__AVX2__)
+typedef Block KBlock;
+
+/* The 8 vectors of q (0..63) of one block: quantized.c's nibbles, then the high bits moved to bits 4-5. */
+static inline KBlock kq_load(int bits, const uint8_t *q, const uint8_t *h) {
+    KBlock w = load_block(4, q);
+    if (bits == 5) {
+        const __m256i hv = _mm256_loadu_si256((const __m256i *)h), bit4 = _mm256_set1_epi8(0x10);
+        for (int j = 0; j < 8; j++) {
+            const __m256i mask = _mm256_set1_epi8((char)(1 << j));
+            w.v[j] = _mm256_or_si256(w.v[j], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, mask), mask), bit4));
+        }
+    } else if (bits == 6) {
+        const __m256i two = _mm256_set1_epi8(0x30);
+        for (int half = 0; half < 2; half++) {
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)(h + 32 * half));
+            /* bits 2t..2t+1 to 4..5; 16-bit shifts move bits between bytes only below bit 4 or above bit 5 */
+            const __m256i at[4] = {_mm256_slli_epi16(hv, 4), _mm256_slli_epi16(hv, 2), hv, _mm256_srli_epi16(hv, 2)};
+            for (int t = 0; t < 4; t++) w.v[4 * half + t] = _mm256_or_si256(w.v[4 * half + t], _mm256_and_si256(at[t], two));
+        }
+    }
+    return w;
+}
+
+/* The 8 rows' sums of q * xq over columns 0-15 (lo) and 16-31 (hi). */
+static inline void kq_halves(const KBlock *w, const int8_t *xq, i8v *lo, i8v *hi) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < 8; j++) acc[j / 4 * 2 + j % 2] = _mm256_dpbusd_epi32(acc[j / 4 * 2 + j % 2], w->v[j], x4(xq + 4 * j));
+    *lo = (i8v)_mm256_add_epi32(acc[0], acc[1]);
+    *hi = (i8v)_mm256_add_epi32(acc[2], acc[3]);
+#else
+    /* int16 pair sums of two vectors at most (2 * 2 * 63 * 127 = 32004) before widening */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < 8; j += 2) {
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w->v[j], x4(xq + 4 * j)),
+                                               _mm256_maddubs_epi16(w->v[j + 1], x4(xq + 4 * j + 4)));
+        acc[j / 4] = _mm256_add_epi32(acc[j / 4], _mm256_madd_epi16(pairs, ones));
+    }
+    *lo = (i8v)acc[0];
+    *hi = (i8v)acc[1];
+#endif
+}
+#else
+typedef struct { uint8_t v[ROWS][BLOCK]; } KBlock;  /* q of each row's 32 columns */
+
+static inline KBlock kq_load(int bits, const uint8_t *q, const uint8_t *h) {
+    KBlock w;
+    for (int j = 0; j < 8; j++)
+        for (int r = 0; r < ROWS; r++)
+            for (int i = 0; i < 4; i++) {
+                const int lane = 4 * r + i, c = j / 2;
+                const uint8_t byte = q[32 * c + lane];
+                uint8_t v = j % 2 ? byte >> 4 : byte & 0x0F;
+                if (bits == 5) v |= ((h[lane] >> j) & 1) << 4;
+                if (bits == 6) v |= ((h[32 * (j / 4) + lane] >> (2 * (j % 4))) & 3) << 4;
+                w.v[r][4 * j + i] = v;
+            }
+    return w;
+}
+
+static inline void kq_halves(const KBlock *w, const int8_t *xq, i8v *lo, i8v *hi) {
+    for (int r = 0; r < ROWS; r++) {
+        int32_t a = 0, b = 0;
+        for (int k = 0; k < 16; k++) a += w->v[r][k] * xq[k], b += w->v[r][16 + k] * xq[16 + k];
+        (*lo)[r] = a, (*hi)[r] = b;
+    }
+}
+#endif
+
+static inline i8v widen_u8(const uint8_t *p) { i8v v; for (int j = 0; j < 8; j++) v[j] = p[j]; return v; }
+static inline i8v widen_i8(const int8_t *p) { i8v v; for (int j = 0; j < 8; j++) v[j] = p[j]; return v; }
+
+/* y[r][0..8) for one row group and R x rows; inlined with constant bits, R, and scaled (sc and mn
+ * present), so each form is its own loop. */
+static inline __attribute__((always_inline)) void kq_group_rows(int bits, int scaled, int R, const RoundedTile *x,
+                                                                const uint8_t *q, const uint8_t *h, const void *sc,
+                                                                const uint8_t *mn, const uint16_t *d,
+                                                                const uint16_t *dmin, float *y, int64_t ldy,
+                                                                int64_t K, int64_t S) {
+    const int centred = bits == 6, hb = KQ_HIGH_BYTES(bits);
+    f8 acc[4] = {{0}}, offset[4] = {{0}};
+    for (int64_t s = 0, b = 0; s < K / S; s++) {
+        const f8 scale = half8(d + ROWS * s), min = centred ? (f8){0} : half8(dmin + ROWS * s);
+        for (const int64_t end = b + S / BLOCK; b < end; b++) {
+            prefetch_block(4, q + b * 128);
+            const KBlock w = kq_load(bits, q + b * 128, h + b * hb);
+            i8v sc_lo = {0}, sc_hi = {0};
+            f8 block_min = min;
+            if (centred) {
+                sc_lo = widen_i8((const int8_t *)sc + 16 * b), sc_hi = widen_i8((const int8_t *)sc + 16 * b + 8);
+            } else if (scaled) {
+                sc_lo = widen_u8((const uint8_t *)sc + 8 * b);
+                block_min = min * __builtin_convertvector(widen_u8(mn + 8 * b), f8);
+            }
+            for (int r = 0; r < R; r++) {
+                const int64_t at = b * R + r;
+                i8v lo, hi, isum;
+                kq_halves(&w, x->q + at * BLOCK, &lo, &hi);
+                if (centred) isum = (lo - 32 * x->qhalf[2 * at]) * sc_lo + (hi - 32 * x->qhalf[2 * at + 1]) * sc_hi;
+                else isum = scaled ? (lo + hi) * sc_lo : lo + hi;
+                acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x->scale[at], acc[r]);
+                if (!centred) offset[r] = fma8(block_min, (f8){0} + x->sum[at], offset[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] - offset[r]);
+}
+
+static inline __attribute__((always_inline)) void kq_group(int bits, int scaled, const RoundedTile *x, int64_t M,
+                                                           const uint8_t *q, const uint8_t *h, const void *sc,
+                                                           const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
+                                                           float *y, int64_t N, int64_t K, int64_t S) {
+    int64_t t = 0;
+    for (; (t + 1) * TILE <= M; t++) kq_group_rows(bits, scaled, TILE, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
+    switch (M - t * TILE) {
+        case 3: kq_group_rows(bits, scaled, 3, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 2: kq_group_rows(bits, scaled, 2, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 1: kq_group_rows(bits, scaled, 1, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+    }
+}
+
+/* One parallel loop over row groups per form (bits, scaled), so each is specialized. */
+#define KQ_LOOP(BITS, SCALED)                                                                                          \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
+    for (int64_t g = 0; g < N / ROWS; g++)                                                                            \
+        kq_group(BITS, SCALED, x, M, q + g * K / BLOCK * 128, h + g * K / BLOCK * KQ_HIGH_BYTES(BITS),                \
+                 SCALED ? (const uint8_t *)sc + g * K / BLOCK * sc_bytes : NULL,                                      \
+                 SCALED && BITS != 6 ? mn + g * K / BLOCK * ROWS : NULL, d + g * K / S * ROWS,                         \
+                 BITS == 6 ? NULL : dmin + g * K / S * ROWS, y + g * ROWS, N, K, S);
+
+/* bits 4, 5 (minimum form; sc and mn both given or both NULL) or 6 (centred, sc given, dmin NULL).
+ * x [M, K], y [M, N] float32 and contiguous; N % 8 == 0, K % S == 0, S % 32 == 0. */
+#ifdef __cplusplus
+extern "C"
+#endif
+void ts_llm_kquant_linear(int bits, const float *x_rows, const uint8_t *q, const uint8_t *h, const void *sc,
+                          const uint8_t *mn, const uint16_t *d, const uint16_t *dmin, float *y, int64_t M, int64_t N,
+                          int64_t K, int64_t S, int threads) {
+    RoundedTile *x = round_tiles(x_rows, M, K);
+    const int64_t sc_bytes = bits == 6 ? 2 * ROWS : ROWS;
+    if (bits == 6) {
+        KQ_LOOP(6, 1)
+    } else if (bits == 5 && sc) {
+        KQ_LOOP(5, 1)
+    } else if (bits == 5) {
+        KQ_LOOP(5, 0)
+    } else if (sc) {
+        KQ_LOOP(4, 1)
+    } else {
+        KQ_LOOP(4, 0)
+    }
+    free(x);
+}

@@ -1,0 +1,97 @@
+"""k-quants and 5-bit blocks: decoded from GGUF bytes to exactly the gguf package's values, packed
+for kquant.c and back, and ts_llm::kquant_linear against x @ dequantize(w).T on every form."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from handler.engine.quant import kquant, ops
+from handler.engine.quant.kquant import FORMATS, KQuantWeight
+
+SCALE_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}
+
+
+def _blocks(kind: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Random GGUF bytes of an [n, k] tensor (every bit pattern of the quantized fields), with
+    finite float16 scales."""
+    size, per = FORMATS[kind]
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // per, size), dtype=torch.uint8, generator=g)
+    for at in SCALE_FIELDS[kind]:
+        scale = (torch.rand(n, k // per, generator=g) * 0.02 - (0.005 if at else 0)).to(torch.float16)
+        raw[..., at:at + 2] = scale.view(torch.uint8).view(n, k // per, 2)
+    return raw.view(n, -1)
+
+
+def _reference(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(quants.dequantize(raw.numpy(), GGMLQuantizationType[kind]).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_decoded_values_equal_the_gguf_package(kind):
+    raw = _blocks(kind, 16, 512)
+    w = kquant.from_blocks(kind, raw)
+    assert torch.equal(kquant.dequantize(w), _reference(kind, raw))
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_pack_and_unpack_keep_every_value(kind):
+    w = kquant.from_blocks(kind, _blocks(kind, 16, 512, seed=1))
+    packed = w.pack()
+    assert packed.packed and packed.shape == w.shape
+    assert torch.equal(kquant.dequantize(packed), kquant.dequantize(w))
+    restored = packed.unpack()
+    assert all(torch.equal(a, b) for a, b in zip(restored.tensors().values(), w.tensors().values()) if a is not None)
+
+
+def test_rows_select_whole_rows_with_their_scales():
+    w = kquant.from_blocks("Q4_K", _blocks("Q4_K", 16, 256, seed=2))
+    order = torch.arange(15, -1, -1)
+    assert torch.equal(kquant.dequantize(w.rows(order)), kquant.dequantize(w)[order])
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: KQuantWeight) -> None:
+    ref_w = ops.dequantize(w).double()
+    rows = x.double().reshape(-1, ref_w.shape[1])
+    ref = rows @ ref_w.T
+    # x rounded to int8 per block of 32 (error <= 1/254 of the block's largest |x|); float32 sums
+    block_max = rows.abs().view(rows.shape[0], -1, 32).amax(-1).repeat_interleave(32, -1)
+    bound = (block_max @ ref_w.abs().T) / 254 + (rows.abs() @ ref_w.abs().T) * 1e-5 + 1e-5
+    err = (y.double().reshape(ref.shape) - ref).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_kernel_matches_dequantized_product(kind, rows):
+    w = kquant.from_blocks(kind, _blocks(kind, 24, 512, seed=3)).pack()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    _check(ops.quantized_linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+def test_a_row_gets_the_same_result_in_any_batch(kind):
+    w = kquant.from_blocks(kind, _blocks(kind, 16, 256, seed=4)).pack()
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(7)])
+    assert torch.equal(ops.quantized_linear(x, w), alone)
+
+
+def test_bias_and_leading_dims_and_dtype_kept():
+    w = kquant.from_blocks("Q6_K", _blocks("Q6_K", 16, 256, seed=6)).pack()
+    x = torch.randn(2, 3, 256, dtype=torch.bfloat16)
+    bias = torch.randn(16, dtype=torch.bfloat16)
+    y = ops.quantized_linear(x, w, bias)
+    assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
+    ref = (ops.quantized_linear(x.float().reshape(6, 256), w) + bias.float()).reshape(2, 3, 16)
+    torch.testing.assert_close(y.float(), ref, atol=1e-2, rtol=1e-2)  # bf16 output rounding
+
+
+def test_fused_parts_of_one_format_concatenate_and_of_two_do_not():
+    a = kquant.from_blocks("Q4_K", _blocks("Q4_K", 8, 256, seed=7))
+    b = kquant.from_blocks("Q4_K", _blocks("Q4_K", 16, 256, seed=8))
+    fused = kquant.cat_rows([a, b])
+    assert torch.equal(kquant.dequantize(fused), torch.cat([kquant.dequantize(a), kquant.dequantize(b)]))
+    assert not kquant.same_format(a, kquant.from_blocks("Q6_K", _blocks("Q6_K", 8, 256)))
