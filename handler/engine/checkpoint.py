@@ -18,9 +18,7 @@ from safetensors import safe_open
 
 from handler.engine.config import find_gguf
 from handler.engine.model import ModelArgs, Transformer, projections as model_projections
-from handler.engine.quant.gguf import GGUFWeights
-from handler.engine.quant.layout import QuantizedWeight
-from handler.engine.quant.ops import dequantize
+from handler.engine.quant.gguf import GGUFWeights, to_float
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
@@ -207,8 +205,7 @@ def gguf_state(gguf: GGUFWeights, args: ModelArgs, dtype: torch.dtype, projectio
         if name == "output" and not gguf.has("output.weight"):  # tied: the head is the embedding
             out["output.weight"] = out["tok_embeddings.weight"]
             continue
-        w = gguf.projection(name, args)
-        out[f"{name}.weight"] = (dequantize(w) if isinstance(w, QuantizedWeight) else w).to(dtype)
+        out[f"{name}.weight"] = to_float(gguf.projection(name, args)).to(dtype)
     return out
 
 

@@ -3,6 +3,8 @@ weights (quantized kernels, our bf16 matrix-vector kernel, Inductor's reduction,
 copies, aten)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,7 +14,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from handler.engine import packed
 from handler.engine.kernels import matvec
 from handler.engine.quant import ops as quant_ops
-from handler.engine.quant.layout import QuantizedWeight
+from handler.engine.quant.ops import Stored
 
 
 class Linear(nn.Linear):
@@ -28,24 +30,26 @@ class Linear(nn.Linear):
     After pack() every other call goes through oneDNN's packed copy of the weight
     (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
 
-    After quantize() the float weight is gone: buffers q, d (and m) hold a QuantizedWeight,
-    every call is ts_llm::quantized_linear (handler.engine.quant.ops), which reads the quantized
-    bytes at any row count, and pack() keeps no copy."""
+    After quantize() the float weight is gone: `stored` holds the quantized weight (QuantizedWeight or
+    KQuantWeight, as StoredWeight buffers), or its parts where a fused projection's parts are stored
+    in different formats; every call is ts_llm::quantized_linear or kquant_linear
+    (handler.engine.quant.ops), which read the quantized bytes at any row count, and pack() keeps
+    no copy."""
 
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
     matvec: bool = False  # set by use_matvec(): single rows call ts_llm::bf16_linear
     matvec_batches: bool = False  # set by use_matvec(batches=True) over a wider copy: so do rows one per sequence
 
-    def quantize(self, w: QuantizedWeight) -> None:
+    def quantize(self, w: Stored | list[Stored]) -> None:
+        """From now on compute from `w`: one quantized weight, or parts stacked along the output features."""
         del self.weight
-        self.register_buffer("q", w.q)
-        self.register_buffer("d", w.d)
-        self.register_buffer("m", w.m)
+        self.stored = nn.ModuleList(StoredWeight(p) for p in (w if isinstance(w, list) else [w]))
 
     @property
-    def quantized(self) -> QuantizedWeight | None:
-        q = self._buffers.get("q")
-        return None if q is None else QuantizedWeight(q, self._buffers["d"], self._buffers["m"])
+    def quantized(self) -> list[Stored] | None:
+        """The quantized weight's parts (one unless formats differ), or None."""
+        stored = self._modules.get("stored")
+        return None if stored is None else [part.weight for part in stored]
 
     def pack(self, dtype: torch.dtype) -> None:
         if self.quantized is None:
@@ -65,9 +69,12 @@ class Linear(nn.Linear):
         return self.packed_dtype is not None and self.packed_dtype.itemsize > self.weight.element_size()
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.quantized
-        if w is not None:
-            return quant_ops.quantized_linear(x, w, self.bias)
+        parts = self.quantized
+        if parts is not None:
+            if len(parts) == 1:
+                return quant_ops.quantized_linear(x, parts[0], self.bias)
+            y = torch.cat([quant_ops.quantized_linear(x, p) for p in parts], dim=-1)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
         one_row = guard_or_false(x.shape[:-1].numel() == 1)
         if self.matvec and (one_row or (self.matvec_batches and _one_row_per_sequence(x))):
@@ -83,6 +90,25 @@ class Linear(nn.Linear):
         if self.packed_dtype is not None and not (self._packed_wider and one_row):
             return packed.packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class StoredWeight(nn.Module):
+    """One quantized weight's tensors as buffers (so that .to(), the graphs and the state see them)."""
+
+    def __init__(self, w: Stored):
+        super().__init__()
+        self.kind = type(w)
+        self.fixed = {}  # fields that are not tensors (KQuantWeight.bits)
+        for f in dataclasses.fields(w):
+            value = getattr(w, f.name)
+            if value is None or isinstance(value, Tensor):
+                self.register_buffer(f.name, value)
+            else:
+                self.fixed[f.name] = value
+
+    @property
+    def weight(self) -> Stored:
+        return self.kind(**self.fixed, **self._buffers)
 
 
 def _one_row_per_sequence(x: Tensor) -> bool:

@@ -89,11 +89,11 @@ def test_a_tensor_type_the_engine_does_not_serve_is_refused_with_its_name(tmp_pa
     path = tmp_path / "k.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    q6_k = gguf.GGMLQuantizationType.Q6_K  # 210 bytes a block of 256
-    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 210), np.uint8), raw_dtype=q6_k)
+    q3_k = gguf.GGMLQuantizationType.Q3_K  # 110 bytes a block of 256
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 110), np.uint8), raw_dtype=q3_k)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_down\.weight \(Q6_K\).*served: Q8_0, Q4_0, Q4_1"):
+    with pytest.raises(CheckpointError, match=r"blk\.0\.ffn_down\.weight \(Q3_K\).*served: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"):
         check_served(path)

@@ -4,7 +4,7 @@
     int8   round-to-nearest, per output channel (rtn.py)
     int4   round-to-nearest, asymmetric, per group of group_size weights (rtn.py)
     gguf   the checkpoint's GGUF file as stored (gguf.py): projections and head in their own
-           Q8_0 / Q4_x blocks (a projection the file stores in floats stays float), the token
+           Q8_0 / Q4_x / Q5_x / k-quant blocks (a projection stored in floats stays float), the token
            embedding dequantized from it; norms come from the float checkpoint, which must be
            the same model (checked on one projection), or from the GGUF when it is the only one
 """
@@ -18,9 +18,8 @@ from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer, projections
 from handler.engine.kernels import build
-from handler.engine.quant import ops
-from handler.engine.quant.gguf import GGUFWeights
-from handler.engine.quant.layout import QuantizationError, QuantizedWeight
+from handler.engine.quant.gguf import GGUFWeights, Projection, to_float
+from handler.engine.quant.layout import QuantizationError
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
 
 log = logging.getLogger(__name__)
@@ -39,18 +38,20 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
             w = gguf.projection(name, model.args)
             if name == "layers.0.attention.wo" and not ckpt.gguf_only:
                 _check_same_model(w, linear.weight, gguf)
-            if not isinstance(w, QuantizedWeight):  # stored in floats: served as such
+            if isinstance(w, torch.Tensor):  # stored in floats: served as such
                 linear.weight = torch.nn.Parameter(w.to(model.tok_embeddings.weight.dtype), requires_grad=False)
                 continue
         elif cfg.quantization == "int8":
             w = quantize_int8(linear.weight)
         else:
             w = quantize_int4(linear.weight, cfg.group_size)
-        if w.shape != (linear.out_features, linear.in_features):
-            raise QuantizationError(f"{name}: quantized weight is {w.shape}, the model expects "
+        parts = w if isinstance(w, list) else [w]  # a fused projection whose parts differ in format
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        if shape != (linear.out_features, linear.in_features):
+            raise QuantizationError(f"{name}: quantized weight is {shape}, the model expects "
                                     f"{(linear.out_features, linear.in_features)}")
         try:
-            linear.quantize(w.pack())  # the CPU kernels' layout (other devices dequantize it as well)
+            linear.quantize([p.pack() for p in parts])  # the CPU kernels' layout (other devices dequantize it)
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from err
     if gguf is not None and not ckpt.gguf_only:  # GGUF-only: the embedding came from it already
@@ -61,9 +62,9 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
 
 
-def _check_same_model(w: QuantizedWeight, float_weight: torch.Tensor, gguf: GGUFWeights) -> None:
+def _check_same_model(w: Projection, float_weight: torch.Tensor, gguf: GGUFWeights) -> None:
     ref = float_weight.float()
-    err = (ops.dequantize(w) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)
+    err = (to_float(w) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-12)
     if err > MAX_SOURCE_MISMATCH:
         raise QuantizationError(f"{gguf.path.name} does not hold the same model as the float checkpoint beside it "
                                 f"(layers.0.attention.wo differs by {err:.2f} RMS, relative); remove one of them")

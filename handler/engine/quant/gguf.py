@@ -1,12 +1,15 @@
 """A GGUF file's tensors by the engine's names, exactly as stored: Q8_0, Q4_0 and Q4_1 blocks of 32
-become int8 / int4 QuantizedWeights with the file's own float16 scales (no requantization); F32,
-F16 and BF16 tensors are read as they are.
+become int8 / int4 QuantizedWeights with the file's own float16 scales (no requantization), the
+k-quants (Q4_K, Q5_K, Q6_K) and 5-bit blocks (Q5_0, Q5_1) KQuantWeights (kquant.py); F32, F16 and
+BF16 tensors are read as they are.
 
     Q8_0  34 bytes: d (f16), 32 x int8                 w = d * q
     Q4_0  18 bytes: d (f16), 16 bytes of nibbles       w = d * (q - 8)  (int4 without m)
     Q4_1  20 bytes: d (f16), m (f16), 16 bytes         w = d * q + m
 
-Any other type (k-quants, IQ*, ...) is refused with the tensor's name, never approximated.
+Any other type (Q2_K, Q3_K, IQ*, TQ*, ...) is refused with the tensor's name, never approximated.
+A fused projection (q, k, v; gate, up) whose parts the file stores in different formats (Q4_K_M
+keeps some v in Q6_K) stays a list of parts, each computed as stored.
 llama.cpp's converter permutes the rows of the query and key projections of `llama`-architecture
 files (Llama, Mistral: its rotary layout pairs adjacent dimensions, transformers' pairs the two
 halves of a head); the rows are put back, which moves whole rows and changes no value."""
@@ -18,15 +21,18 @@ import torch
 from torch import Tensor
 
 from handler.engine.model import ModelArgs
-from handler.engine.quant.gguf_file import BLOCK_BYTES, FLOAT_TYPES, TensorInfo, read_directory, read_float, read_rows
+from handler.engine.quant import kquant
+from handler.engine.quant.gguf_file import BLOCKS, FLOAT_TYPES, TensorInfo, read_directory, read_float, read_rows
+from handler.engine.quant.kquant import KQuantWeight
 from handler.engine.quant.layout import QuantizationError, QuantizedWeight, cat_rows
-from handler.engine.quant.ops import dequantize
+from handler.engine.quant.ops import Stored, dequantize
 
-TYPES = tuple(BLOCK_BYTES)  # taken as stored by the quantized kernels
+TYPES = tuple(BLOCKS)  # taken as stored by the quantized kernels
 SERVED_TYPES = TYPES + tuple(FLOAT_TYPES)
 PERMUTED_ARCHITECTURES = ("llama",)  # query/key rows in llama.cpp's rotary order
 
-Projection = QuantizedWeight | Tensor  # a float tensor where the file stores the projection in floats
+# a float tensor where the file stores the projection in floats; a list: parts in different formats
+Projection = Stored | list[Stored] | Tensor
 
 
 class GGUFWeights:
@@ -63,7 +69,7 @@ class GGUFWeights:
     def floats(self, name: str) -> Tensor:
         """A tensor in float32 (dequantized if it is stored quantized): norms, biases, embeddings."""
         t = self._take(name)
-        return dequantize(t) if isinstance(t, QuantizedWeight) else t.float()
+        return t.float() if isinstance(t, Tensor) else dequantize(t)
 
     def bias(self, module: str, args: ModelArgs) -> Tensor:
         """The fused query/key/value bias of layers.<i>.attention.wqkv (Qwen2), float32."""
@@ -76,9 +82,9 @@ class GGUFWeights:
         if self.architecture not in PERMUTED_ARCHITECTURES:
             return t
         order = _unpermute(heads, head_dim)
-        return t.rows(order) if isinstance(t, QuantizedWeight) else t[order]
+        return t[order] if isinstance(t, Tensor) else t.rows(order)
 
-    def _take(self, name: str) -> QuantizedWeight | Tensor:
+    def _take(self, name: str) -> Stored | Tensor:
         t = self._tensors.get(name)
         if t is None:
             raise QuantizationError(f"{self.path.name} has no tensor {name}")
@@ -89,9 +95,11 @@ class GGUFWeights:
                                     "tensors as stored")
         if len(t.shape) != 2:
             raise QuantizationError(f"{self.path.name}: {name} is {t.shape}, not a matrix")
-        raw = read_rows(self.path, t)  # [N, K/32 * block bytes]
+        raw = read_rows(self.path, t)  # [N, K / block weights * block bytes]
+        if t.kind in kquant.FORMATS:
+            return kquant.from_blocks(t.kind, raw)
         n = raw.shape[0]
-        blocks = raw.view(n, -1, BLOCK_BYTES[t.kind])
+        blocks = raw.view(n, -1, BLOCKS[t.kind][0])
         d = blocks[..., 0:2].contiguous().view(torch.float16).view(n, -1)
         if t.kind == "Q8_0":
             return QuantizedWeight(blocks[..., 2:].contiguous().view(torch.int8).view(n, -1), d).check()
@@ -101,11 +109,33 @@ class GGUFWeights:
         return QuantizedWeight(blocks[..., 4:].reshape(n, -1).contiguous(), d, m).check()
 
 
-def _cat(parts: list[QuantizedWeight | Tensor]) -> Projection:
-    """Rows stacked: quantized when every part is, else float32 (a float part stays exact)."""
-    if all(isinstance(p, QuantizedWeight) for p in parts):
-        return cat_rows(parts)
-    return torch.cat([dequantize(p) if isinstance(p, QuantizedWeight) else p.float() for p in parts])
+def to_float(p: Projection) -> Tensor:
+    """A projection in float32: dequantized, its parts stacked."""
+    if isinstance(p, Tensor):
+        return p.float()
+    return torch.cat([dequantize(part) for part in p]) if isinstance(p, list) else dequantize(p)
+
+
+def _cat(parts: list[Stored | Tensor]) -> Projection:
+    """Rows stacked: as one weight where the parts share a format, else the list of runs of one
+    format; float32 where any part is stored in floats (a float part stays exact)."""
+    if any(isinstance(p, Tensor) for p in parts):
+        return torch.cat([p.float() if isinstance(p, Tensor) else dequantize(p) for p in parts])
+    runs: list[list[Stored]] = []
+    for p in parts:
+        if runs and _same_format(runs[-1][0], p):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    fused = [cat_rows(r) if isinstance(r[0], QuantizedWeight) else kquant.cat_rows(r) for r in runs]
+    return fused[0] if len(fused) == 1 else fused
+
+
+def _same_format(a: Stored, b: Stored) -> bool:
+    if isinstance(a, KQuantWeight) and isinstance(b, KQuantWeight):
+        return kquant.same_format(a, b)
+    return isinstance(a, QuantizedWeight) and isinstance(b, QuantizedWeight) and a.shape[1] == b.shape[1] and (
+        a.bits, a.group_size) == (b.bits, b.group_size)
 
 
 def _unpermute(heads: int, head_dim: int) -> Tensor:

@@ -25,7 +25,9 @@ GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
               11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
               19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
               27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0"}
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # per 32 weights
+# bytes of one block, weights in it
+BLOCKS = {"Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32),
+          "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256)}
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -47,7 +49,8 @@ class TensorInfo:
         """Bytes of one row: of a block-quantized matrix, or of a float tensor's last dimension."""
         if self.kind in FLOAT_TYPES:
             return self.shape[-1] * FLOAT_TYPES[self.kind].itemsize
-        return self.shape[-1] // 32 * BLOCK_BYTES[self.kind]
+        size, weights = BLOCKS[self.kind]
+        return self.shape[-1] // weights * size
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from handler.engine.quant.gguf_file import BLOCKS
 from handler.engine.quant.layout import BLOCK, ROWS, QuantizationError
 
-SUPER = 256
-FORMATS = {"Q4_K": (144, SUPER), "Q5_K": (176, SUPER), "Q6_K": (210, SUPER), "Q5_0": (22, BLOCK), "Q5_1": (24, BLOCK)}
+FORMATS = {kind: BLOCKS[kind] for kind in ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")}
 
 
 @dataclass(frozen=True)

@@ -55,12 +55,12 @@ def test_float_tensors_are_read_as_stored(tmp_path, kind):
 def test_other_types_are_refused_with_the_tensors_name(tmp_path):
     path = tmp_path / "m.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("blk.0.attn_output.weight", np.zeros((4, 210), np.uint8), raw_dtype=T.Q6_K)  # 4 x 256 weights
+    writer.add_tensor("blk.0.attn_output.weight", np.zeros((4, 110), np.uint8), raw_dtype=T.Q3_K)  # 4 x 256 weights
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(QuantizationError, match="blk.0.attn_output.weight is Q6_K; the engine serves Q8_0"):
+    with pytest.raises(QuantizationError, match="blk.0.attn_output.weight is Q3_K; the engine serves Q8_0"):
         GGUFWeights(path).floats("blk.0.attn_output.weight")
 
 

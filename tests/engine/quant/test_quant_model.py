@@ -30,7 +30,8 @@ def _dequantized_twin(model, ckpt):
     """The float32 model whose projections are the quantized model's, dequantized."""
     twin = load_model(ckpt, torch.float32)
     for (name, linear), (_, twin_linear) in zip(projections(model), projections(twin)):
-        twin_linear.weight = torch.nn.Parameter(dequantize(linear.quantized), requires_grad=False)
+        twin_linear.weight = torch.nn.Parameter(torch.cat([dequantize(p) for p in linear.quantized]),
+                                                 requires_grad=False)
     twin.tok_embeddings.weight = torch.nn.Parameter(model.tok_embeddings.weight.float(), requires_grad=False)
     twin.setup_cache(2, 64)
     return twin
@@ -56,8 +57,8 @@ def test_a_gguf_beside_the_checkpoint_is_served_under_auto(tiny_checkpoint, tmp_
     loaded = build_engine(EngineConfig(ckpt_dir, dtype="float32", compile="eager", max_batch_size=2, max_seq_len=64,
                                        packed_weights="off"))
     assert loaded.path.endswith("/gguf")
-    head = loaded.model.output.quantized
-    assert head is not None and head.bits == 8 and head.group_size == 32
+    [head] = loaded.model.output.quantized
+    assert head.bits == 8 and head.group_size == 32
     tokens = torch.tensor([[5, 17, 300, 41]])
     twin = _dequantized_twin(loaded.model, open_checkpoint(ckpt_dir))
     torch.testing.assert_close(_logits(loaded.model, tokens), _logits(twin, tokens), atol=ROUNDED_X_ATOL, rtol=2e-3)
@@ -114,8 +115,8 @@ def test_the_default_model_serves_its_published_gguf_and_agrees_with_its_float_c
 
     served, plain = build("auto"), build("none")
     assert served.path.endswith("/gguf")
-    assert served.model.output.quantized.bits == 8  # the head is the GGUF's Q8_0 embedding
-    assert served.model.layers[0].feed_forward.w2.quantized.bits == 4  # projections are Q4_1
+    assert served.model.output.quantized[0].bits == 8  # the head is the GGUF's Q8_0 embedding
+    assert served.model.layers[0].feed_forward.w2.quantized[0].bits == 4  # projections are Q4_1
     for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
         tokens = torch.tensor([served.engine.tokenizer.encode(prompt)])
         a, b = _logits(served.model, tokens).log_softmax(-1), _logits(plain.model, tokens).log_softmax(-1)
