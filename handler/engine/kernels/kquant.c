@@ -13,8 +13,8 @@
  *   d, dmin float16 [N/8, K/S, 8], one per super-block of S columns (256, or 32 for Q5_0/Q5_1).
  *
  * Per block the integer sums are scaled by the integer sub-block scales (no overflow: 16 * 32 * 127
- * * 128 < 2^31), then once in float by d and x's block scale; the minimum's term uses the exact sum
- * of x, as int4's does. */
+ * * 128 < 2^31), then once in float by d and x's block scale; the minimum's term uses the sum of the
+ * rounded x, as int4's does (quantized.c's round_block says why). */
 
 #define KQ_HIGH_BYTES(bits) ((bits) == 4 ? 0 : (bits) == 5 ? 32 : 64)
 

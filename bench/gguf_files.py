@@ -1,7 +1,7 @@
 """GGUF files served as stored: what the engine takes, how fast each block format streams, and how
 close to llama.cpp it computes on a real Q4_K_M file.
 
-    .venv/bin/python bench/gguf.py
+    .venv/bin/python bench/gguf_files.py
 
 - `architectures`, `quant_types`: what the engine serves (the parity and dequantization tests hold
   each one).
@@ -58,6 +58,7 @@ def parse_args():
     p.add_argument("--ctx", type=int, default=256, help="llama-perplexity's chunk (the second half is scored)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--dtype", default="auto", help="the engine's dtype for the quality run (auto: the machine's)")
     return p.parse_args()
 
 
@@ -158,14 +159,14 @@ def read_saved(path: Path) -> tuple[int, int, torch.Tensor, np.ndarray]:
     return n_ctx, n_vocab, tokens, codes
 
 
-def gemma_quality(gguf: Path, ctx: int, tmp: Path) -> dict:
+def gemma_quality(gguf: Path, ctx: int, dtype: str, tmp: Path) -> dict:
     build = llamacpp.ensure_built(torch.get_num_threads())
     llama_ppl, saved = llama_perplexity(build, gguf, ctx, tmp)
     n_ctx, _, tokens, codes = read_saved(saved)
     meta = read_directory(gguf).metadata
     bos = int(meta["tokenizer.ggml.bos_token_id"]) if meta.get("tokenizer.ggml.add_bos_token", True) else None
     ckpt = stage_gguf(gguf, tmp / "ckpt")
-    loaded = build_engine(EngineConfig(ckpt, compile="eager", max_batch_size=1, max_seq_len=n_ctx))
+    loaded = build_engine(EngineConfig(ckpt, compile="eager", dtype=dtype, max_batch_size=1, max_seq_len=n_ctx))
     first = n_ctx // 2
     nll, agree, total = 0.0, 0, 0
     for chunk, ids in enumerate(tokens):
@@ -195,7 +196,7 @@ def main() -> None:
     if not args.skip_kernels:
         result["kernels"] = kernel_speeds(args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        result["gemma3_q4_k_m"] = gemma_quality(gemma_file(), args.ctx, Path(tmp))
+        result["gemma3_q4_k_m"] = gemma_quality(gemma_file(), args.ctx, args.dtype, Path(tmp))
     print(result["gemma3_q4_k_m"], flush=True)
     write_json("gguf.json", result)
     write_section("gguf", markdown(result))
@@ -207,7 +208,7 @@ def markdown(r: dict) -> str:
                         for k, v in r.get("kernels", {}).items())
     return f"""## GGUF files as stored
 
-`.venv/bin/python bench/gguf.py` on {r['versions']['machine']} ({r['versions']['cpu_profile']},
+`.venv/bin/python bench/gguf_files.py` on {r['versions']['machine']} ({r['versions']['cpu_profile']},
 {r['versions']['threads']} threads). Served: architectures {', '.join(r['architectures'])}; tensor types
 {', '.join(r['quant_types'])}.
 
