@@ -49,6 +49,22 @@ def install_lock(dest_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@contextmanager
+def install_lock_if_free(dest_dir: Path) -> Iterator[bool]:
+    """install_lock without waiting: yields whether it was taken (False: another process holds it)."""
+    path = (dest_dir.parent / f".{dest_dir.name}.lock").resolve()
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def installed_manifest(dest_dir: Path) -> Manifest | None:
     try:
         return Manifest.from_json((dest_dir / MANIFEST_NAME).read_bytes())

@@ -62,7 +62,7 @@ def artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces
         return None
     artifacts.check_layout(places)
     key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
-    return ArtifactRequest(key, places, on_rejected)
+    return ArtifactRequest(key, places.for_key(key), on_rejected)
 
 
 def look_up_aside(cfg: EngineConfig, wanted: ArtifactRequest | None) -> AsideLookup | None:
@@ -81,12 +81,14 @@ def look_up_aside(cfg: EngineConfig, wanted: ArtifactRequest | None) -> AsideLoo
 
 
 def find_verified(wanted: ArtifactRequest) -> Path | None:
-    """The first verified artifact for the key; None (logged once) when there is none."""
+    """The first verified artifact for the key (about to be loaded: marked used); None (logged
+    once) when there is none."""
     checked = []
     for path in wanted.places.search():
         found = artifacts.check_dir(path, wanted.key)
         artifacts.log_check(found, wanted.key, wanted.on_rejected)
         if found.verdict == Verdict.VERIFIED:
+            wanted.places.used(path)
             return path
         checked.append(f"{path}: {found.verdict}")
     log.warning("compile cache: no usable artifact for key %s (%s); compiling cold, this takes minutes",

@@ -12,12 +12,13 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
 import torch
 
+from handler.cache import shelf
 from handler.cache.errors import ArtifactVerificationError
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
@@ -144,9 +145,23 @@ def _key_difference(theirs: dict, ours: CacheKey) -> str:
 class ArtifactPlaces:
     cache_dir: Path | None = None  # restored by the sidecar; a cold compile installs its artifact here
     bundled_dir: Path | None = None  # packed into the .mar by archive.sh --aot
+    # A shelf of artifacts, one per key (handler.cache.shelf): cache_dir is then shelf/<key> (for_key)
+    shelf: Path | None = None
+    shelf_limit_bytes: int = 0
 
     def search(self) -> list[Path]:
         return [p for p in (self.cache_dir, self.bundled_dir) if p is not None]
+
+    def for_key(self, key: CacheKey) -> "ArtifactPlaces":
+        """The places of `key`'s artifact: on a shelf, its own folder there."""
+        return self if self.shelf is None else replace(self, cache_dir=shelf.key_dir(self.shelf, key.digest()))
+
+    def used(self, path: Path) -> None:
+        """`path` was loaded or installed: on a shelf, it is the most recently used, and the least
+        recently used others go until the shelf fits its bound."""
+        if self.shelf is not None and path == self.cache_dir:
+            shelf.touch(path)
+            shelf.evict(self.shelf, self.shelf_limit_bytes, keep=path)
 
 
 def check_layout(places: ArtifactPlaces) -> None:
@@ -154,9 +169,10 @@ def check_layout(places: ArtifactPlaces) -> None:
     dir wholesale, and any file the manifest does not list fails verification."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    if places.cache_dir is None:
+    where = places.shelf or places.cache_dir
+    if where is None:
         return
-    art, inductor = places.cache_dir.resolve(), Path(cache_dir()).resolve()
+    art, inductor = where.resolve(), Path(cache_dir()).resolve()
     if inductor == art or art in inductor.parents:
         raise ValueError(f"TORCHINDUCTOR_CACHE_DIR {inductor} is inside the compile artifact dir {art}; "
                          "give them separate directories (e.g. <volume>/aot and <volume>/inductor)")

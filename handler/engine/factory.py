@@ -222,6 +222,8 @@ def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | N
     start = time.perf_counter()
     dest = wanted.places.cache_dir if wanted is not None else None
     steps = aot.compile_steps(model, cfg) if dest is None else compile_and_install(model, cfg, wanted.key, dest)
+    if dest is not None:
+        wanted.places.used(dest)
     seconds = time.perf_counter() - start
     log.info("AOT-compiled prefill and decode (%d + %d graphs) in %.1f s", len(steps.prefill.graphs),
              len(steps.decode.graphs), seconds)

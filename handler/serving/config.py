@@ -40,6 +40,11 @@ class HandlerConfig:
     # it. Unset here: the environment's TS_LLM_CACHE_DIR (the pod's volume), else the user's
     # cache directory (default_cache_dir).
     compile_cache_dir: str | None = None
+    # Whether that directory is a shelf of artifacts, one per cache key, least recently used out
+    # beyond compile_cache_shelf_mb (handler.cache.shelf): several models on one host each keep
+    # theirs. Unset: a shelf in the user's cache directory, one artifact (the sidecar's) elsewhere.
+    compile_cache_shelf: bool | None = None
+    compile_cache_shelf_mb: int = 4096
     drain_flag_file: str | None = None  # while this file exists, new requests get a retryable 503
     # Continuous batching: how long one call to the worker may go on decoding while every request
     # in it goes on (0: one step per call, each token streamed as it is decoded;
@@ -66,7 +71,10 @@ class HandlerConfig:
         values["engine"] = _engine(section, Path(model_dir), gpu_id)
         values["batching"] = batching_mode(model_yaml)
         if values.get("compile_cache_dir") is None:
-            values["compile_cache_dir"] = default_cache_dir(os.environ if environ is None else environ)
+            environ = os.environ if environ is None else environ
+            values["compile_cache_dir"] = default_cache_dir(environ)
+            if values.get("compile_cache_shelf") is None:
+                values["compile_cache_shelf"] = not environ.get(CACHE_DIR_ENV)
         cfg = typed_config.parse(cls, values, MODEL_CONFIG_FILE, SECTION)
         _check_limits(cfg, int(model_yaml.get("batchSize", 1)))
         return cfg
@@ -102,6 +110,8 @@ def _engine(section: dict, model_dir: Path, gpu_id: int | None) -> EngineConfig:
 
 
 def _check_limits(cfg: HandlerConfig, batch_size: int) -> None:
+    if cfg.compile_cache_shelf_mb < 1:
+        raise ConfigError(f"compile_cache_shelf_mb must be >= 1, got {cfg.compile_cache_shelf_mb}")
     if cfg.continuous_call_ms < 0:
         raise ConfigError(f"continuous_call_ms must be >= 0 (0: one decode step per call), got {cfg.continuous_call_ms}")
     if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:

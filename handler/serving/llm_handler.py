@@ -57,10 +57,9 @@ class LLMHandler(BaseHandler):
         sink = TorchServeSink(context.metrics, context.model_name)
         logging.getLogger().addFilter(_not_per_message)
         # Compiled artifacts: the sidecar's restore (or a cold compile's install), then the .mar's.
-        places = ArtifactPlaces(Path(cfg.compile_cache_dir) if cfg.compile_cache_dir else None,
-                                Path(props["model_dir"]) / MAR_ARTIFACT_DIR)
+        places = artifact_places(cfg, Path(props["model_dir"]))
         log.info("compile cache: %s (set handler.compile_cache_dir or TS_LLM_CACHE_DIR to move it)",
-                 places.cache_dir or "none: nothing compiled here is kept")
+                 places.shelf or places.cache_dir or "none: nothing compiled here is kept")
         engine_cfg = cfg.engine
         loaded = build_engine(engine_cfg, on_fallback=lambda reason: _served_eager(sink),
                               places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),
@@ -118,6 +117,17 @@ class LLMHandler(BaseHandler):
                                 done=lambda reply, f=final: loop.call_soon_threadsafe(f.set_result, reply))
             self.service.submit(_incoming(idx, row, context), delivery)
         return _apply(list(await asyncio.gather(*finals)), context)
+
+
+def artifact_places(cfg: HandlerConfig, model_dir: Path) -> ArtifactPlaces:
+    """Compiled artifacts: the cache (a shelf of them, or the sidecar's one), then the .mar's own."""
+    bundled = model_dir / MAR_ARTIFACT_DIR
+    if not cfg.compile_cache_dir:
+        return ArtifactPlaces(bundled_dir=bundled)
+    if cfg.compile_cache_shelf:
+        return ArtifactPlaces(bundled_dir=bundled, shelf=Path(cfg.compile_cache_dir),
+                              shelf_limit_bytes=cfg.compile_cache_shelf_mb * 2**20)
+    return ArtifactPlaces(Path(cfg.compile_cache_dir), bundled)
 
 
 def _served_eager(sink: TorchServeSink) -> None:

@@ -107,3 +107,16 @@ def test_section_must_be_a_mapping():
 def test_a_negative_continuous_call_time_is_rejected():
     with pytest.raises(ConfigError, match="continuous_call_ms must be >= 0"):
         parse({"handler": {"continuous_call_ms": -1}})
+
+
+def test_the_users_cache_is_a_shelf_of_artifacts_and_the_pods_volume_one_artifact():
+    assert parse({"handler": {}}, environ={"HOME": "/home/ann"}).compile_cache_shelf is True
+    assert not parse({"handler": {}}, environ={"TS_LLM_CACHE_DIR": "/cache/aot"}).compile_cache_shelf
+    assert not parse({"handler": {"compile_cache_dir": "/mine"}}, environ={"HOME": "/home/ann"}).compile_cache_shelf
+    named = parse({"handler": {"compile_cache_dir": "/mine", "compile_cache_shelf": True}})
+    assert named.compile_cache_shelf is True and named.compile_cache_shelf_mb == 4096
+
+
+def test_a_shelf_bound_below_one_megabyte_is_refused():
+    with pytest.raises(ConfigError, match="compile_cache_shelf_mb must be >= 1"):
+        parse({"handler": {"compile_cache_shelf_mb": 0}})

@@ -2,12 +2,15 @@
 for kquant.c and back, and ts_llm::kquant_linear against x @ dequantize(w).T on every form."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
 from handler.engine.quant import kquant, ops
+from handler.engine.quant.gguf_file import read_directory, read_rows
 from handler.engine.quant.kquant import FORMATS, KQuantWeight
 
 SCALE_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}
@@ -95,3 +98,24 @@ def test_fused_parts_of_one_format_concatenate_and_of_two_do_not():
     fused = kquant.cat_rows([a, b])
     assert torch.equal(kquant.dequantize(fused), torch.cat([kquant.dequantize(a), kquant.dequantize(b)]))
     assert not kquant.same_format(a, kquant.from_blocks("Q6_K", _blocks("Q6_K", 8, 256)))
+
+
+REAL_BLOCKS = Path(__file__).resolve().parents[2] / "fixtures" / "gguf_blocks.gguf"  # bench/gguf_blocks.py
+
+
+def _real(kind: str) -> torch.Tensor:
+    [info] = [t for name, t in read_directory(REAL_BLOCKS).tensors.items() if name.startswith(kind + ".")]
+    return read_rows(REAL_BLOCKS, info)
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_real_blocks_from_llama_quantize_decode_to_the_gguf_packages_values(kind):
+    raw = _real(kind)
+    assert torch.equal(kquant.dequantize(kquant.from_blocks(kind, raw)), _reference(kind, raw))
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_kernel_on_real_blocks(kind):
+    w = kquant.from_blocks(kind, _real(kind)).pack()
+    x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(9))
+    _check(ops.quantized_linear(x, w), x, w)
