@@ -59,6 +59,9 @@ def parse_args():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--dtype", default="auto", help="the engine's dtype for the quality run (auto: the machine's)")
+    p.add_argument("--skip-speed", action="store_true", help="no streaming comparison with llama-server")
+    p.add_argument("--peer", default="--concurrency 1 16 --requests 16 32",
+                   help="bench/peer.py's options for the streaming comparison on the Gemma file")
     return p.parse_args()
 
 
@@ -203,6 +206,25 @@ def score(cfg: EngineConfig, tokens: torch.Tensor, codes: np.ndarray, bos: int |
             "perplexity": round(float(torch.tensor(nll / total).exp()), 4)}
 
 
+def gemma_speed(gguf: Path, peer_argv: list[str], tmp: Path) -> dict:
+    """Streaming tokens/s, ours (the file alone, as archive.sh --checkpoint FILE serves it) against
+    llama-server on the same file, with bench/peer.py's load and servers."""
+    import peer
+
+    args = peer.parse_args(peer_argv)
+    build = llamacpp.ensure_built(args.threads)
+    staged = stage_gguf(gguf, tmp / "speed-ckpt")
+    ours = peer.sweep_ours("int4", staged, gguf, args, tmp)
+    theirs = peer.sweep_format("Q4_K_M", build, gguf, args, tmp)
+    out = {"peer_options": " ".join(peer_argv), "ours": ours, "llama.cpp": theirs}
+    for c in args.concurrency:
+        a = next(r for r in ours["runs"] if r["concurrency"] == c)
+        b = next(r for r in theirs["runs"] if r["concurrency"] == c)
+        out[f"ratio_c{c}"] = round(a["output_tokens_per_s"] / b["output_tokens_per_s"], 3)
+        out[f"ttft_p50_ratio_c{c}"] = round(a["ttft_p50_s"] / b["ttft_p50_s"], 3)
+    return out
+
+
 def main() -> None:
     args = parse_args()
     result = {"versions": versions(), "architectures": list(SUPPORTED_MODEL_TYPES),
@@ -211,6 +233,8 @@ def main() -> None:
         result["kernels"] = kernel_speeds(args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         result["gemma3_q4_k_m"] = gemma_quality(gemma_file(), args.ctx, args.dtype, Path(tmp))
+        if not args.skip_speed:
+            result["gemma3_q4_k_m"].update(gemma_speed(gemma_file(), args.peer.split(), Path(tmp)))
     print(result["gemma3_q4_k_m"], flush=True)
     write_json("gguf.json", result)
     write_section("gguf", markdown(result))
@@ -241,6 +265,23 @@ float32 activations never rounded (no llama.cpp-side change): top-1 agreement
 {g['unrounded_reference']['top1_agreement']}, perplexity {g['unrounded_reference']['perplexity']}: the share of
 llama.cpp's predictions that its own rounding moves (8-bit activations, float16 KV cache) bounds the agreement
 any exact engine can reach.
+{speed(g)}"""
+
+
+def speed(g: dict) -> str:
+    if "ours" not in g:
+        return ""
+    rows = "\n".join(
+        f"| {c} | {o['output_tokens_per_s']:.1f} | {t['output_tokens_per_s']:.1f} | **{g[f'ratio_c{c}']}** | "
+        f"{o['ttft_p50_s']:.3f} / {t['ttft_p50_s']:.3f} | {o['itl_p99_s'] * 1e3:.1f} / {t['itl_p99_s'] * 1e3:.1f} |"
+        for o, t in zip(g["ours"]["runs"], g["llama.cpp"]["runs"]) for c in [o["concurrency"]])
+    return f"""
+Streaming on the same file (bench/peer.py's load: `{g['peer_options']}`, 32-token greedy completions), ours as
+`archive.sh --checkpoint FILE` serves it, llama-server as peer.py runs it:
+
+| clients | ours tok/s | llama.cpp tok/s | ratio | TTFT p50 s (ours / llama.cpp) | gap p99 ms (ours / llama.cpp) |
+|---|---|---|---|---|---|
+{rows}
 """
 
 

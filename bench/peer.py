@@ -54,7 +54,7 @@ WIDTH = {"bf16": 16, "int8": 8, "int4": 4}
 SYSTEMS = ("ours", "llama.cpp")
 
 
-def parse_args():
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(peer_models.MODELS), default="default",
                    help="default: SmolLM2-135M-Instruct; 1b: the Llama-3.2-1B body, random weights (bench/peer_models.py)")
@@ -78,7 +78,7 @@ def parse_args():
     p.add_argument("--build-only", action="store_true", help="build llama.cpp (cached) and stop")
     p.add_argument("--out", help="results name: docs/results/<out>.json and .png, the <out> section of "
                    "docs/benchmarks.md (default: peer, peer_1b; another name keeps a partial run beside the full one)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
     args.out = args.out or peer_models.MODELS[args.model].out
