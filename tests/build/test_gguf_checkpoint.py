@@ -83,6 +83,8 @@ def test_the_file_alone_generates_what_the_checkpoint_beside_it_does(staged, def
         assert [x.logprob for x in a.logprobs] == pytest.approx([x.logprob for x in b.logprobs], abs=1e-4)
     if quantization == "gguf":  # as stored: every projection quantized, none dequantized
         assert all(linear.quantized is not None and "weight" not in linear._parameters for _, linear in projections(model))
+        # and the tied embedding is the head's quantized weight, looked up as stored
+        assert model.tok_embeddings.stored is model.output.stored[0]
 
 
 def test_a_tensor_type_the_engine_does_not_serve_is_refused_with_its_name(tmp_path):

@@ -18,6 +18,7 @@ from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer, projections
 from handler.engine.kernels import build
+from handler.engine.linear import QuantizedEmbedding, StoredWeight
 from handler.engine.quant.gguf import GGUFWeights, Projection, to_float
 from handler.engine.quant.layout import QuantizationError
 from handler.engine.quant.rtn import quantize_int4, quantize_int8
@@ -39,7 +40,7 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
             if name == "layers.0.attention.wo" and not ckpt.gguf_only:
                 _check_same_model(w, linear.weight, gguf)
             if isinstance(w, torch.Tensor):  # stored in floats: served as such
-                linear.weight = torch.nn.Parameter(w.to(model.tok_embeddings.weight.dtype), requires_grad=False)
+                linear.weight = torch.nn.Parameter(w.to(model.norm.weight.dtype), requires_grad=False)
                 continue
         elif cfg.quantization == "int8":
             w = quantize_int8(linear.weight)
@@ -54,12 +55,23 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
             linear.quantize([p.pack() for p in parts])  # the CPU kernels' layout (other devices dequantize it)
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from err
-    if gguf is not None and not ckpt.gguf_only:  # GGUF-only: the embedding came from it already
-        embedding = model.tok_embeddings.weight
-        model.tok_embeddings.weight = torch.nn.Parameter(gguf.floats("token_embd.weight").to(embedding.dtype),
-                                                         requires_grad=False)
+    if gguf is not None:
+        model.tok_embeddings = _embedding(gguf, model)
     build.load()  # built now (~15 s the first time on a machine), not during the first request
     log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
+
+
+def _embedding(gguf: GGUFWeights, model: Transformer) -> torch.nn.Module:
+    """The token embedding from the file: quantized as stored (shared with the head when the model
+    ties them), or float where the file stores it in floats."""
+    dtype = model.norm.weight.dtype
+    stored = gguf.tensor("token_embd.weight")
+    if isinstance(stored, torch.Tensor):
+        return torch.nn.Embedding.from_pretrained(stored.to(dtype), freeze=True)
+    head = model.output.stored if model.output.quantized is not None else None
+    if not gguf.has("output.weight") and head is not None and len(head) == 1:  # tied: the head is this weight
+        return QuantizedEmbedding(head[0], dtype)
+    return QuantizedEmbedding(StoredWeight(stored.pack()), dtype)
 
 
 def _check_same_model(w: Projection, float_weight: torch.Tensor, gguf: GGUFWeights) -> None:

@@ -119,3 +119,13 @@ def test_kernel_on_real_blocks(kind):
     w = kquant.from_blocks(kind, _real(kind)).pack()
     x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(9))
     _check(ops.quantized_linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(kind):
+    from handler.engine.linear import QuantizedEmbedding, StoredWeight
+
+    w = kquant.from_blocks(kind, _blocks(kind, 24, 256, seed=10))
+    embedding = QuantizedEmbedding(StoredWeight(w.pack()), torch.float32)
+    tokens = torch.tensor([[5, 0, 23], [8, 8, 16]])
+    assert torch.equal(embedding(tokens), kquant.dequantize(w)[tokens])

@@ -32,7 +32,9 @@ def _dequantized_twin(model, ckpt):
     for (name, linear), (_, twin_linear) in zip(projections(model), projections(twin)):
         twin_linear.weight = torch.nn.Parameter(torch.cat([dequantize(p) for p in linear.quantized]),
                                                  requires_grad=False)
-    twin.tok_embeddings.weight = torch.nn.Parameter(model.tok_embeddings.weight.float(), requires_grad=False)
+    embedding = model.tok_embeddings  # a GGUF's stays quantized: its rows dequantized as looked up
+    weight = embedding.weight if isinstance(embedding, torch.nn.Embedding) else dequantize(embedding.stored.weight)
+    twin.tok_embeddings.weight = torch.nn.Parameter(weight.float(), requires_grad=False)
     twin.setup_cache(2, 64)
     return twin
 

@@ -164,3 +164,13 @@ def test_centred_int4_fuses_with_minimum_weights_into_the_same_values():
     fused = cat_rows([centred, minimum])
     assert fused.m is not None
     assert torch.equal(ops.dequantize(fused), torch.cat([ops.dequantize(centred), ops.dequantize(minimum)]))
+
+
+@pytest.mark.parametrize("bits", [8, 4, "4c"])
+def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(bits):
+    from handler.engine.linear import QuantizedEmbedding, StoredWeight
+
+    w = _weights(bits, 24, 64, 32)
+    embedding = QuantizedEmbedding(StoredWeight(w), torch.bfloat16)
+    tokens = torch.tensor([3, 23, 0, 9])
+    assert torch.equal(embedding(tokens), ops.dequantize(w)[tokens].to(torch.bfloat16))
