@@ -5,8 +5,9 @@
     int4   round-to-nearest, asymmetric, per group of group_size weights (rtn.py)
     gguf   the checkpoint's GGUF file as stored (gguf.py): projections and head in their own
            Q8_0 / Q4_x / Q5_x / k-quant blocks (a projection stored in floats stays float), the token
-           embedding dequantized from it; norms come from the float checkpoint, which must be
-           the same model (checked on one projection), or from the GGUF when it is the only one
+           embedding looked up from its quantized rows (a tied model's: the head's); norms come from
+           the float checkpoint, which must be the same model (checked on one projection), or from
+           the GGUF when it is the only one
 """
 from __future__ import annotations
 
