@@ -78,7 +78,10 @@ def with_ports(props: dict[str, str], ports: Ports) -> dict[str, str]:
     return out
 
 
-WORKER_DIED = "Backend worker process died."  # ts.model_service_worker's last words
+# A worker's death as the frontend logs it (its own last words, "Backend worker process died.",
+# are lost when the frontend stops reading its stdout first: on a loaded machine most of them were)
+LOAD_FAILED = "Load model failed: {model}, error: Worker died."
+TS_LOG = Path("logs") / "ts_log.log"
 CRASH_LOOP = 3  # worker deaths before READY that mean its load will not succeed
 
 
@@ -89,6 +92,7 @@ class TorchServe:
     process: subprocess.Popen | None = None
     keys: KeyFile | None = None
     model_log_offset: int = 0  # where this run's part of a reused logs/model_log.log starts
+    ts_log_offset: int = 0  # and of logs/ts_log.log
 
     @property
     def inference_url(self) -> str:
@@ -139,7 +143,7 @@ class TorchServe:
                 raise TorchServeError(f"TorchServe exited; see {self.workdir / 'logs'}")
             if self.ready_workers(model):
                 return time.monotonic() - start
-            deaths, last_error = self.worker_deaths()
+            deaths, last_error = self.worker_deaths(model)
             if deaths >= CRASH_LOOP:  # TorchServe would restart it for ever, with backoff
                 raise TorchServeError(f"model {model!r}: its worker died {deaths} times while loading; first error: "
                                       f"{last_error or 'none logged'}; see {self.workdir / MODEL_LOG}")
@@ -164,17 +168,14 @@ class TorchServe:
 
     def model_log(self) -> str:
         """What the workers logged since this TorchServe started (a restart appends to the file)."""
-        path = self.workdir / MODEL_LOG
-        if not path.exists():
-            return ""
-        with open(path, "rb") as f:
-            f.seek(self.model_log_offset)
-            return f.read().decode(errors="replace")
+        return _read_from(self.workdir / MODEL_LOG, self.model_log_offset)
 
-    def worker_deaths(self) -> tuple[int, str | None]:
-        """How often a worker died since this TorchServe started, and the first real cause logged."""
-        lines = self.model_log().splitlines()
-        return sum(WORKER_DIED in ln for ln in lines), first_cause(lines)
+    def worker_deaths(self, model: str) -> tuple[int, str | None]:
+        """How often a worker of `model` died since this TorchServe started (the frontend's count),
+        and the first real cause the workers logged."""
+        died = LOAD_FAILED.format(model=model)
+        deaths = sum(died in ln for ln in _read_from(self.workdir / TS_LOG, self.ts_log_offset).splitlines())
+        return deaths, first_cause(self.model_log().splitlines())
 
     def stop(self, timeout: float = 60) -> None:
         """`torchserve --stop`, then the tree this launcher started is made sure gone (a
@@ -185,6 +186,15 @@ class TorchServe:
             log.warning("torchserve --stop: %s", err)
         if self.process is not None:
             terminate_tree(self.process.pid, timeout, wait_root=lambda t: _waited(self.process, t))
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """A log's text from `offset` on ("" before it exists)."""
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def _waited(process: subprocess.Popen, timeout: float) -> bool:
@@ -223,13 +233,13 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     write_properties(props, config)
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
            "--models", *(f"{name}={mar}" for name, mar in models.items())]
-    model_log = workdir / MODEL_LOG
-    log_offset = model_log.stat().st_size if model_log.exists() else 0
+    offsets = {log: (workdir / log).stat().st_size if (workdir / log).exists() else 0 for log in (MODEL_LOG, TS_LOG)}
     # The JVM writes key_file.json and ts.pid into its working directory.
     log = open(workdir / "torchserve.out", "ab")
     process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    ts = TorchServe(workdir, ports or ports_from(props), process, model_log_offset=log_offset)
+    ts = TorchServe(workdir, ports or ports_from(props), process, model_log_offset=offsets[MODEL_LOG],
+                    ts_log_offset=offsets[TS_LOG])
     _wait_for_key_file(ts, props)
     return ts
 
