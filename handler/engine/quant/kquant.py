@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from handler.engine.quant.gguf_file import BLOCKS
-from handler.engine.quant.layout import BLOCK, ROWS, QuantizationError
+from handler.engine.quant.layout import (BLOCK, ROWS, QuantizationError, check_row_groups, pack_groups, pack_nibbles,
+                                         unpack_groups, unpack_nibbles)
 
 FORMATS = {kind: BLOCKS[kind] for kind in ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")}
 
@@ -59,12 +60,8 @@ class KQuantWeight:
     def pack(self) -> "KQuantWeight":
         if self.packed:
             return self
-        n, k = self.shape
-        if n % ROWS:
-            raise QuantizationError(f"a quantized weight needs a multiple of {ROWS} output features, this one has {n}")
+        n, k = check_row_groups(self.shape)
         g, b = n // ROWS, k // BLOCK
-        v = self.q.view(g, ROWS, b, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [g, b, c, r, i, nibble]: col 8c + 4 nibble + i
-        nibbles = ((v[..., 0] & 15) | ((v[..., 1] & 15) << 4)).reshape(g, b, 128)
         high = None
         if self.bits == 5:  # bit j of byte 4r + i: bit 4 of column 4j + i
             top = ((self.q >> 4) & 1).view(g, ROWS, b, 8, 4).permute(0, 2, 1, 4, 3).to(torch.int32)
@@ -74,23 +71,22 @@ class KQuantWeight:
             high = (top << (2 * torch.arange(4, dtype=torch.int32))).sum(-1).to(torch.uint8).reshape(g, b, 64)
         sc = None if self.sc is None else _pack_scales(self.sc, g, b)
         mn = None if self.mn is None else _pack_scales(self.mn, g, b)
-        return KQuantWeight(self.bits, nibbles.contiguous(), _per_row_group(self.d), _maybe(_per_row_group, self.dmin),
-                            sc, mn, high)
+        return KQuantWeight(self.bits, pack_nibbles(self.q).contiguous(), pack_groups(self.d),
+                            _maybe(pack_groups, self.dmin), sc, mn, high)
 
     def unpack(self) -> "KQuantWeight":
         if not self.packed:
             return self
         n, k = self.shape
         g, b = n // ROWS, k // BLOCK
-        nib = self.q.view(g, b, 4, ROWS, 4)
-        q = torch.stack([nib & 15, nib >> 4], -1).permute(0, 3, 1, 2, 5, 4).reshape(n, k)  # [g, r, b, c, nibble, i]
+        q = unpack_nibbles(self.q)
         if self.bits == 5:
             bits = (self.h.view(g, b, ROWS, 4, 1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [g, b, r, i, j]
             q = q | (bits.permute(0, 2, 1, 4, 3).reshape(n, k) << 4)
         elif self.bits == 6:
             pairs = (self.h.view(g, b, 2, ROWS, 4, 1) >> (2 * torch.arange(4, dtype=torch.uint8))) & 3  # [g,b,hh,r,i,t]
             q = q | (pairs.permute(0, 3, 1, 2, 5, 4).reshape(n, k) << 4)
-        return KQuantWeight(self.bits, q.contiguous(), _per_row(self.d), _maybe(_per_row, self.dmin),
+        return KQuantWeight(self.bits, q.contiguous(), unpack_groups(self.d), _maybe(unpack_groups, self.dmin),
                             _maybe(_unpack_scales, self.sc), _maybe(_unpack_scales, self.mn))
 
     def check(self) -> "KQuantWeight":
@@ -182,14 +178,6 @@ def same_format(a: KQuantWeight, b: KQuantWeight) -> bool:
 
 def _maybe(fn, t: Tensor | None) -> Tensor | None:
     return None if t is None else fn(t)
-
-
-def _per_row_group(s: Tensor) -> Tensor:  # [N, X] -> [N/8, X, 8]
-    return s.view(s.shape[0] // ROWS, ROWS, -1).transpose(1, 2).contiguous()
-
-
-def _per_row(s: Tensor) -> Tensor:  # [N/8, X, 8] -> [N, X]
-    return s.transpose(1, 2).reshape(-1, s.shape[1]).contiguous()
 
 
 def _pack_scales(s: Tensor, g: int, b: int) -> Tensor:

@@ -86,16 +86,12 @@ class QuantizedWeight:
         """The same values in the CPU kernels' layout (module docstring)."""
         if self.packed:
             return self
-        n, k = self.shape
-        if n % ROWS:
-            raise QuantizationError(f"a quantized weight needs a multiple of {ROWS} output features, this one has {n}")
+        n, k = check_row_groups(self.shape)
         if self.bits == 8:  # byte 32 c + 4 r + i of block b: column 4 c + i of row r
-            q = self.q.view(n // ROWS, ROWS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
-        else:  # low nibble: column 8 c + i, high nibble: column 8 c + 4 + i
-            v = int4_values(self.q, n, k).view(n // ROWS, ROWS, k // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-            q = v[..., 0] | (v[..., 1] << 4)
-        return QuantizedWeight(q.reshape(n // ROWS, k // BLOCK, -1).contiguous(), _pack_groups(self.d),
-                               None if self.m is None else _pack_groups(self.m))
+            q = self.q.view(n // ROWS, ROWS, k // BLOCK, 8, 4).permute(0, 2, 3, 1, 4).reshape(n // ROWS, k // BLOCK, -1)
+        else:
+            q = pack_nibbles(int4_values(self.q, n, k))
+        return QuantizedWeight(q.contiguous(), pack_groups(self.d), None if self.m is None else pack_groups(self.m))
 
     def unpack(self) -> "QuantizedWeight":
         """The row-major layout back from pack()'s."""
@@ -105,10 +101,8 @@ class QuantizedWeight:
         if self.bits == 8:
             q = self.q.view(n // ROWS, k // BLOCK, 8, ROWS, 4).permute(0, 3, 1, 2, 4).reshape(n, k)
         else:
-            b = self.q.view(n // ROWS, k // BLOCK, 4, ROWS, 4)
-            v = torch.stack([b & 0x0F, b >> 4], dim=-1).permute(0, 3, 1, 2, 5, 4).reshape(n, k)
-            q = int4_bytes(v)
-        return QuantizedWeight(q.contiguous(), _unpack_groups(self.d), None if self.m is None else _unpack_groups(self.m))
+            q = int4_bytes(unpack_nibbles(self.q))
+        return QuantizedWeight(q.contiguous(), unpack_groups(self.d), None if self.m is None else unpack_groups(self.m))
 
 
 def int4_values(q: Tensor, n: int, k: int) -> Tensor:
@@ -125,12 +119,35 @@ def int4_bytes(values: Tensor) -> Tensor:
     return (blocks[..., : BLOCK // 2] | (blocks[..., BLOCK // 2:] << 4)).reshape(n, k // 2)
 
 
-def _pack_groups(s: Tensor) -> Tensor:  # [N, groups] -> [N/8, groups, 8]
+def check_row_groups(shape: tuple[int, int]) -> tuple[int, int]:
+    """[N, K] of a weight about to be packed: N must be whole groups of ROWS."""
+    n, k = shape
+    if n % ROWS:
+        raise QuantizationError(f"a quantized weight needs a multiple of {ROWS} output features, this one has {n}")
+    return n, k
+
+
+def pack_nibbles(values: Tensor) -> Tensor:
+    """Values [N, K] (their low 4 bits) -> the kernels' int4 bytes [N/8, K/32, 128]: byte 32 c + 4 r + i
+    of block b holds column 8 c + i of row r in its low nibble and column 8 c + 4 + i in its high one."""
+    n, k = values.shape
+    v = values.view(n // ROWS, ROWS, k // BLOCK, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [g, b, c, r, i, nibble]
+    return ((v[..., 0] & 0x0F) | ((v[..., 1] & 0x0F) << 4)).reshape(n // ROWS, k // BLOCK, 128)
+
+
+def unpack_nibbles(q: Tensor) -> Tensor:
+    """pack_nibbles' bytes [N/8, K/32, 128] -> values [N, K] in 0..15."""
+    g, b = q.shape[:2]
+    v = q.view(g, b, 4, ROWS, 4)
+    return torch.stack([v & 0x0F, v >> 4], dim=-1).permute(0, 3, 1, 2, 5, 4).reshape(g * ROWS, b * BLOCK)
+
+
+def pack_groups(s: Tensor) -> Tensor:  # [N, groups] -> [N/8, groups, 8]
     n, groups = s.shape
     return s.view(n // ROWS, ROWS, groups).transpose(1, 2).contiguous()
 
 
-def _unpack_groups(s: Tensor) -> Tensor:  # [N/8, groups, 8] -> [N, groups]
+def unpack_groups(s: Tensor) -> Tensor:  # [N/8, groups, 8] -> [N, groups]
     return s.transpose(1, 2).reshape(-1, s.shape[1]).contiguous()
 
 
