@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType, quants
 from handler.engine.quant import kquant, ops
 from handler.engine.quant.gguf_file import read_directory, read_rows
 from handler.engine.quant.kquant import FORMATS, KQuantWeight
+from handler.engine.quant.layout import QuantizationError
 
 SCALE_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}
 
@@ -129,3 +130,19 @@ def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(kind):
     embedding = QuantizedEmbedding(StoredWeight(w.pack()), torch.float32)
     tokens = torch.tensor([[5, 0, 23], [8, 8, 16]])
     assert torch.equal(embedding(tokens), kquant.dequantize(w)[tokens])
+
+
+def test_a_q5_0_scale_whose_offset_overflows_float16_is_refused():
+    raw = _blocks("Q5_0", 8, 32)
+    raw.view(8, 22)[0, 0:2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)  # 16 d is inf in float16
+    with pytest.raises(QuantizationError, match="a Q5_0 scale times 16 overflows float16"):
+        kquant.from_blocks("Q5_0", raw)
+
+
+def test_the_op_refuses_a_weight_that_is_not_packed():
+    from handler.engine.kernels import build
+
+    build.load()  # the op's CPU kernel
+    w = kquant.from_blocks("Q4_K", _blocks("Q4_K", 8, 256))  # row-major, not pack()ed
+    with pytest.raises(RuntimeError, match="is not a packed weight"):
+        torch.ops.ts_llm.kquant_linear(torch.randn(1, 256), w.q, w.h, w.sc, w.mn, w.d, w.dmin)
