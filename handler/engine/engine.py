@@ -1,8 +1,11 @@
 """The generation engine: a fixed set of KV-cache slots, batched prefill and decode.
 
-Requests are added into free slots, then each `step()` advances every running one by a token and
-prefills the next chunk of the newly added ones (at most `prefill_chunk` padded tokens a step, so
-a long prompt does not stall the running streams; a prompt's last chunk gives its first token).
+Requests are added into free slots, then each `step()` prefills the next chunk of the newly added
+ones (at most `prefill_chunk` padded tokens a step, so a long prompt does not stall the running
+streams) and advances every running one by a token. Prefill stops before a prompt's last token:
+that token joins the decode batch, so every first token comes out of the decode graph, in the step
+its prompt's prefill ends, whether the prefix cache held the rest or not (the same rounding either
+way, so a cached prompt gives the same greedy text; a prompt the cache holds needs no prefill call).
 Finished sequences free their slot at once, so a waiting request can take it before the next
 step: this is what continuous batching needs.
 
@@ -142,16 +145,12 @@ class Engine:
     # tensors made in inference mode lack the autograd key the graphs were captured with.
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
-        running = [s for s in self._slots if s is not None and s.output_ids]
-        outputs = []
-        if running:
-            outputs += self._advance(running, self._run_decode(running))
         chunks = self._schedule_prefill()
         if chunks:
-            ready, logits = self._prefilled(chunks, self._run_prefill(chunks))
-            if ready:
-                outputs += self._advance(ready, logits)
-        return outputs
+            self._prefilled(chunks, self._run_prefill(chunks))
+        self._start_decoding()
+        running = [s for s in self._slots if s is not None and s.decoding]
+        return self._advance(running, self._run_decode(running)) if running else []
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
         """Offline helper: run prompts to completion (as many at once as there are slots)."""
@@ -168,7 +167,7 @@ class Engine:
     # ---- prefill: which chunks, from where --------------------------------------------------
     def _schedule_prefill(self) -> list[tuple[Sequence, int, int]]:
         """This step's chunks (sequence, first position, tokens), first come first served, while
-        the padded batch fits in prefill_chunk tokens. A request's other samples wait for its
+        the padded batch fits in prefill_chunk tokens; a prompt's last token is left to decode. A request's other samples wait for its
         first (they copy its prefix); a prompt that shares a longer prefix with one being
         prefilled than any slot holds waits for it, to prefill only the rest."""
         picked: list[Sequence] = []
@@ -180,12 +179,14 @@ class Engine:
                 if self._waits_for_prefix(s):
                     continue
                 self._start(s)
-            wider = max(width, prefill_width(len(s.prompt_ids) - s.prefilled, self.prefill_chunk))
+            if s.prefilled == s.prefill_end:
+                continue
+            wider = max(width, prefill_width(s.prefill_end - s.prefilled, self.prefill_chunk))
             if picked and (len(picked) + 1) * wider > self.prefill_chunk:
                 break
             picked.append(s)
             width = wider
-        return [(s, s.prefilled, min(len(s.prompt_ids) - s.prefilled, width)) for s in picked]
+        return [(s, s.prefilled, min(s.prefill_end - s.prefilled, width)) for s in picked]
 
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         if not self.prefix_caching:
@@ -196,12 +197,12 @@ class Engine:
 
     def _start(self, seq: Sequence) -> None:
         """Settle the cached prefix the sequence's prefill starts after: what its own slot holds,
-        or what another slot holds, copied over (never the whole prompt: the last token's
-        logits start the answer)."""
+        or what another slot holds, copied over (up to the prompt's last token, which decode
+        takes)."""
         seq.started = True
         if self.prefix_caching:
             source, n = self._cache.longest(seq.prompt_ids, prefer=seq.slot)
-            n = min(n, len(seq.prompt_ids) - 1)
+            n = min(n, seq.prefill_end)
             self._park(seq.slot, keep=n if source == seq.slot else 0, busy=source)
         else:
             source, n = None, 0
@@ -245,24 +246,22 @@ class Engine:
         kv_len = decode_window(max(start + n for _, start, n in chunks), self.max_seq_len)
         return self._prefill(*(t.to(self.device) for t in (tokens, slot_ids, start_pos, last)), kv_len)
 
-    def _prefilled(self, chunks: list[tuple[Sequence, int, int]], logits: Tensor) -> tuple[list[Sequence], Tensor]:
-        """The sequences whose prompt is now all prefilled, with their next-token logits: each
-        whose last chunk ran, and its request's other samples, its KV copied into their slots."""
-        ready, rows = [], []
-        for row, (s, start, n) in enumerate(chunks):
+    def _prefilled(self, chunks: list[tuple[Sequence, int, int]], logits: Tensor) -> None:
+        # logits (of each chunk's last row) unused: a prompt's last token is decoded
+        for s, start, n in chunks:
             s.prefilled = start + n
             self._cache.extend(s.slot, s.prompt_ids[start:start + n])
-            if s.prefilled < len(s.prompt_ids):
-                continue
+
+    def _start_decoding(self) -> None:
+        """Each request whose prompt is prefilled up to its last token joins decode, with its
+        other samples, the prefill's KV copied into their slots."""
+        for s in [s for s in self._waiting if s.started and s.leader is None and s.prefilled == s.prefill_end]:
             for f in [s] + [f for f in self._waiting if f.leader is s]:
                 if f is not s:
-                    self._copy(s.slot, f.slot, f.prompt_ids)
-                    f.prefilled, f.started, f.cached_tokens = len(f.prompt_ids), True, s.cached_tokens
-                ready.append(f)
-                rows.append(row)
-        done = {id(s) for s in ready}
-        self._waiting = [s for s in self._waiting if id(s) not in done]
-        return ready, logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+                    self._copy(s.slot, f.slot, f.prompt_ids[:f.prefill_end])
+                    f.prefilled, f.started, f.cached_tokens = f.prefill_end, True, s.cached_tokens
+                f.decoding = True
+        self._waiting = [s for s in self._waiting if not s.decoding]
 
     # ---- decode ----------------------------------------------------------------------------
     def _run_decode(self, seqs: list[Sequence]) -> Tensor:
@@ -272,11 +271,11 @@ class Engine:
         tokens = torch.zeros(n, dtype=torch.long)
         pos = torch.tensor([len(self._cache.held(i)) for i in range(n)])
         for s in seqs:
-            tokens[s.slot], pos[s.slot] = s.output_ids[-1], s.next_pos
+            tokens[s.slot], pos[s.slot] = s.last_token, s.next_pos
         kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
         for s in seqs:
-            self._cache.extend(s.slot, s.output_ids[-1:])
+            self._cache.extend(s.slot, [s.last_token])
         return logits[torch.tensor([s.slot for s in seqs], device=logits.device)]
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:

@@ -22,6 +22,7 @@ class Sequence:
     matcher: Matcher | None = None  # its grammar's state, when params.json_schema constrains it
     started: bool = False  # its prefill has begun (its slot's cached prefix is settled)
     prefilled: int = 0  # prompt positions with KV in its slot
+    decoding: bool = False  # prefilled up to its prompt's last token, which decode takes
     cached_tokens: int = 0  # of those, taken from the prefix cache rather than computed
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -29,8 +30,17 @@ class Sequence:
     finish_reason: str | None = None
 
     @property
+    def prefill_end(self) -> int:
+        return len(self.prompt_ids) - 1  # the last token is decoded
+
+    @property
+    def last_token(self) -> int:
+        # the token the next decode step feeds: the prompt's last, then the last sampled
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
     def next_pos(self) -> int:
-        # position of the last sampled token, which the next decode step writes into the cache
+        # position of last_token, which the next decode step writes into the cache
         return len(self.prompt_ids) + len(self.output_ids) - 1
 
 

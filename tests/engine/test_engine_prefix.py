@@ -69,8 +69,19 @@ def test_a_repeated_prompt_shorter_than_a_block_prefills_only_its_last_token(cac
     run(cached)
     cached.add("b", ids(cached, "nameacolor"), params(4))
     got = run(cached)["b"]
-    assert got[0].cached_tokens == len("nameacolor") - 1  # the last token's logits start the answer
+    assert got[0].cached_tokens == len("nameacolor") - 1  # the last token is decoded
     assert_same_generation(got, reference("nameacolor", 4))
+
+
+def test_a_prompt_the_cache_holds_up_to_its_last_token_joins_decode_without_a_prefill_call(cached):
+    cached.add("a", ids(cached, "nameacolor"), params(2))
+    run(cached)
+    calls = []
+    prefill = cached._prefill
+    cached._prefill = lambda tokens, *rest: calls.append(tokens.shape) or prefill(tokens, *rest)
+    cached.add("b", ids(cached, "nameacolor"), params(2))
+    assert [o.token_ids for o in run(cached)["b"]] == [o.token_ids for o in reference("nameacolor", 2)]
+    assert calls == []
 
 
 def test_one_client_taking_turns_between_prompts_keeps_each_cached(cached):

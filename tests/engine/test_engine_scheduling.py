@@ -44,17 +44,25 @@ def test_add_when_every_slot_is_taken_raises_engine_full():
         engine.add("b", TOK.encode("b"), greedy(3))
 
 
-def test_first_step_prefills_and_later_steps_decode():
+def test_prefill_stops_before_the_prompts_last_token_which_decode_takes():
     engine, steps = counting_engine()
     engine.add("a", TOK.encode("abc"), greedy(3))
     run_to_end(engine)
-    assert [name for name, _, _ in steps.calls] == ["prefill", "decode", "decode"]
+    assert [name for name, _, _ in steps.calls] == ["prefill", "decode", "decode", "decode"]
+    assert steps.of("prefill") == [(1, 4)], "a, b: padded to 4"
+
+
+def test_a_one_token_prompt_needs_no_prefill():
+    engine, steps = counting_engine()
+    engine.add("a", TOK.encode("a"), greedy(2))
+    assert [o.text for o in run_to_end(engine)] == ["b", "c"]
+    assert steps.of("prefill") == []
 
 
 def test_prompts_of_different_lengths_share_one_prefill_padded_to_the_longest():
     engine, steps = counting_engine()
     engine.add("short", TOK.encode("ab"), greedy(2))
-    engine.add("long", TOK.encode("abcdefghijklmnopq"), greedy(2))  # 17 tokens: padded to 5 x 4
+    engine.add("long", TOK.encode("abcdefghijklmnopqr"), greedy(2))  # 17 tokens before its last: 5 x 4
     engine.step()
     assert steps.of("prefill") == [(2, 20)]
 
@@ -68,12 +76,13 @@ def test_a_finished_sequence_frees_its_slot_in_the_step_that_finishes_it():
 
 def test_a_request_added_while_others_decode_joins_the_next_step():
     engine, steps = counting_engine()
-    engine.add("a", TOK.encode("a"), greedy(5))
+    engine.add("a", TOK.encode("ab"), greedy(5))
     engine.step()
-    engine.add("b", TOK.encode("k"), greedy(5))
+    engine.add("b", TOK.encode("kl"), greedy(5))
     outputs = engine.step()
-    assert [(o.request_id, o.text) for o in outputs] == [("a", "c"), ("b", "l")]
-    assert [name for name, _, _ in steps.calls] == ["prefill", "decode", "prefill"]
+    assert [(o.request_id, o.text) for o in outputs] == [("a", "d"), ("b", "m")]
+    assert [name for name, _, _ in steps.calls] == ["prefill", "decode", "prefill", "decode"]
+    assert steps.of("decode") == [(1, 64), (2, 64)], "b's first token in the step its prefill ends"
 
 
 def test_decode_covers_every_slot_up_to_the_highest_running_one():
@@ -83,7 +92,7 @@ def test_decode_covers_every_slot_up_to_the_highest_running_one():
     engine.step()
     engine.cancel("b")
     engine.step()
-    assert steps.of("decode") == [(3, 64)], "slot 1 is free but inside the decoded range"
+    assert steps.of("decode")[-1] == (3, 64), "slot 1 is free but inside the decoded range"
 
 
 def test_cancel_frees_a_running_slot():
