@@ -231,11 +231,19 @@ class BaseService:
         return live.fmt.whole(choices, live.usage)
 
 
+# Calls in a row that admit and finish no request before steps run ahead again. A step run ahead
+# cannot hold a request still in the frontend's queue, whose first token then comes a step later:
+# while requests come and go (a finish brings a client's next request, or a waiting one), each
+# call runs its own step, which holds the requests it brings.
+QUIET_CALLS = 2
+
+
 class ContinuousService(BaseService):
     """The frontend sends its next call only after this one's replies. `step_ahead`: meanwhile the
     next step runs on a thread of its own (handler.serving.step_thread) and the next call is
-    answered with it: a token a step, no round trip in between. A request that call no longer
-    carries is cancelled then; one it admits is prefilled by the step after it. `call_seconds`:
+    answered with it: a token a step, no round trip in between, once QUIET_CALLS calls in a row
+    admitted and finished nothing (until then each call runs its own step, which holds the requests
+    it admits). A request that call no longer carries is cancelled then. `call_seconds`:
     how long one call may go on stepping while every request in it goes on (0: one step a call;
     `_steps_for_this_call`): fewer round trips, tokens streamed a few at a time."""
 
@@ -243,6 +251,7 @@ class ContinuousService(BaseService):
         super().__init__(*args, **kwargs)
         self.call_seconds = call_seconds
         self._steps = StepThread() if step_ahead else None
+        self._quiet_calls = 0  # calls in a row that admitted and finished nothing
 
     def handle(self, batch: list[Incoming]) -> list[Reply]:
         ahead = self._steps.wait() if self._steps else None  # the step run since the last reply
@@ -253,6 +262,7 @@ class ContinuousService(BaseService):
             self.metrics.observe("ts_llm_request_failure_total", 1, "cancelled")
         if self.cutting():
             self.cut_running()
+        arrived = any(inc.request_id not in self.live for inc in batch)
         refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._accept(inc))}
         refused |= self._start_waiting()
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
@@ -264,7 +274,9 @@ class ContinuousService(BaseService):
                   for i in batch if i.request_id in self.live):
             self._step()
         replies = [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
-        if self._steps and self.engine.running and not self.cutting():
+        quiet = not arrived and all(r.more is True for r in replies)
+        self._quiet_calls = self._quiet_calls + 1 if quiet else 0
+        if self._steps and self.engine.running and not self.cutting() and self._quiet_calls >= QUIET_CALLS:
             self._steps.start(super()._step)
         return replies
 

@@ -126,13 +126,11 @@ def test_a_draining_replica_refuses_with_a_retryable_503():
 
 
 class FailingOnce(CountingSteps):
-    def __init__(self):
-        super().__init__()
-        self.failed = False
+    """Decode fails once, on its second call."""
 
     def decode(self, *args):
-        if not self.failed:
-            self.failed = True
+        if len(self.of("decode")) == 1 and not self.of("failed decode"):
+            self.calls.append(("failed decode", 0, 0))
             raise RuntimeError("boom")
         return super().decode(*args)
 
@@ -141,7 +139,7 @@ def test_a_failing_step_fails_what_was_running_and_the_loop_serves_on():
     steps = FailingOnce()
     svc = service(engine=Engine(steps.prefill, steps.decode, CharTokenizer(), 4, 64, "cpu"))
     whole, stream = submit(svc, "a", req("a", n=3)), submit(svc, "b", req("k", n=3, stream=True))
-    svc.run_once()  # prefill: one token each, streamed pieces sent
+    svc.run_once()  # one token each, streamed pieces sent
     svc.run_once()  # decode raises
     assert whole.final.status == 500 and whole.final.more is None and "boom" in whole.final.body
     # the stream's 200 was sent: it ends with an error event

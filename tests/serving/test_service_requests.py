@@ -12,7 +12,7 @@ import pytest
 
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
-from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
+from handler.serving.service import QUIET_CALLS, ContinuousService, DynamicService, Incoming, Reply
 from tests.support.service_driver import drive
 from tests.support.tiny_model import counting_engine
 
@@ -298,13 +298,39 @@ def test_a_request_gone_while_its_step_ran_ahead_is_cancelled_and_frees_its_slot
     assert "".join(p["text"] for p in ndjson([reply, *rest])) == "lm"
 
 
-def test_a_new_request_is_prefilled_by_the_step_after_the_call_that_admits_it():
-    service = ahead()
-    service.handle([Incoming("a", req("a", n=8, stream=True), True)])
+def test_a_new_request_is_prefilled_by_the_step_of_the_call_after_the_one_that_admits_it():
+    service = quiet_ahead()
     a, b = service.handle([Incoming("a", None, True), Incoming("b", req("k", n=3, stream=True), True)])
-    assert [p["text"] for p in ndjson([a])] == ["c"] and b.body == "" and b.more is True
+    assert [p["text"] for p in ndjson([a])] == ["e"] and b.body == "" and b.more is True
+    assert service._steps._ahead is None, "the next call's requests are in the next step"
     a, b = service.handle([Incoming("a", None, True), Incoming("b", None, True)])
-    assert [p["text"] for p in ndjson([a])] == ["d"] and [p["text"] for p in ndjson([b])] == ["l"]
+    assert [p["text"] for p in ndjson([a])] == ["f"] and [p["text"] for p in ndjson([b])] == ["l"]
+
+
+def test_steps_run_ahead_again_after_calls_that_admit_and_finish_nothing():
+    service = quiet_ahead()
+    service.handle([Incoming("a", None, True), Incoming("b", req("k", n=2, stream=True), True)])
+    service.handle([Incoming("a", None, True), Incoming("b", None, True)])
+    service.handle([Incoming("a", None, True), Incoming("b", None, True)])  # b's finish
+    steps = []
+    step = service.engine.step
+    service.engine.step = lambda: steps.append(1) or step()
+    for _ in range(QUIET_CALLS - 1):
+        service.handle([Incoming("a", None, True)])
+        assert service._steps._ahead is None
+    service.handle([Incoming("a", None, True)])
+    service._steps._ahead.result()
+    assert len(steps) == QUIET_CALLS + 1, "a step each call, then one run ahead"
+
+
+def quiet_ahead() -> ContinuousService:
+    """A stepping-ahead service streaming request a, QUIET_CALLS into it: a step runs ahead."""
+    service = ahead()
+    service.handle([Incoming("a", req("a", n=20, stream=True), True)])
+    for _ in range(QUIET_CALLS):
+        service.handle([Incoming("a", None, True)])
+    assert service._steps._ahead is not None
+    return service
 
 
 def test_a_step_that_failed_ahead_fails_the_next_call():
