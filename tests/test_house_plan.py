@@ -94,7 +94,7 @@ def test_module_imports_have_no_cycle() -> None:
 
 
 def room(module: str) -> str:
-    """The folder (or top-level file) of handler a module lives in: handler.engine.aot -> engine."""
+    """The folder (or top-level file) of handler a module lives in: handler.engine.compiled.aot -> engine."""
     return module.split(".")[1]
 
 

@@ -5,7 +5,7 @@
                           `auto` quantization the checkpoint's own (its GGUF, else none)
       open_checkpoint     the checkpoint's config, tokenizer and safetensors files, checked
       artifact_request    the cache key of this worker's compiled artifact, and where to look
-                          (handler.engine.artifact_lookup, as look_up_aside)
+                          (handler.engine.compiled.artifact_lookup, as look_up_aside)
       look_up_aside       (warm_start: background) the verified artifact, or the compile process
                           started at once when there is none: its start overlaps prepare_model
       prepare_model       weights in the resolved dtype, quantized and packed as chosen, KV cache
@@ -14,10 +14,10 @@
 
 How the steps are got (build_steps). With artifacts wanted (the serving path), a verified
 artifact for this worker's key is loaded (seconds, no tracing; by default in the background
-while eager steps serve, see handler.engine.warm_start); otherwise both steps are AOT-compiled
+while eager steps serve, see handler.engine.compiled.warm_start); otherwise both steps are AOT-compiled
 over every serving shape (minutes) and, given a cache dir, installed there for the sidecar to
 publish: by default (warm_start: background) in a process of its own while eager steps serve
-(handler.engine.compile_process), with warm_start: blocking here, before the engine is
+(handler.engine.compiled.compile_process), with warm_start: blocking here, before the engine is
 returned. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
 instead.
 
@@ -38,19 +38,20 @@ import torch
 
 from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform
-from handler.engine.artifact_lookup import (ArtifactRequest, AsideLookup, OnRejected, artifact_request, find_verified,
+from handler.engine import platform
+from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile
+from handler.engine.compiled.artifact_lookup import (ArtifactRequest, AsideLookup, OnRejected, artifact_request, find_verified,
                                             look_up_aside, wait_for_compile)
-from handler.engine.artifacts import ArtifactPlaces
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile_errors import CompileError, failure_reason
+from handler.engine.compiled.artifacts import ArtifactPlaces
+from handler.engine.compiled.errors import CompileError, failure_reason
+from handler.engine.compiled.prepare import prepare_model
+from handler.engine.compiled.warm_start import BackgroundLoad
 from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
 from handler.engine.model import Transformer
-from handler.engine.prepare import prepare_model
 from handler.engine.tokenizer import Tokenizer
-from handler.engine.warm_start import BackgroundLoad
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Steps:
     decode: Callable
     # "eager", "inductor" (torch.compile), "aot-compiled" (cold, here), "aot-loaded", "aot-background"
     # (eager steps until the verified artifact, loading in a thread, is in: see warm_start) or
-    # "aot-compiling" (eager steps until handler.engine.compile_process has compiled and installed
+    # "aot-compiling" (eager steps until handler.engine.compiled.compile_process has compiled and installed
     # the artifact and a background load has loaded it)
     mode: str
     compile_seconds: float  # compiling, or loading artifacts
@@ -198,7 +199,7 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
 
 def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, process: subprocess.Popen,
                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
-    """Eager steps now; the compiled ones once `process` (handler.engine.compile_process) has
+    """Eager steps now; the compiled ones once `process` (handler.engine.compiled.compile_process) has
     installed the artifact and a background load has loaded it (on_compiled gets the seconds from now)."""
 
     def load() -> aot.AotSteps:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from handler.engine import aot, artifact_lookup, factory
-from handler.engine.artifacts import ArtifactPlaces
-from handler.engine.compile_errors import CompileError
+from handler.engine import factory
+from handler.engine.compiled import aot, artifact_lookup
+from handler.engine.compiled.artifacts import ArtifactPlaces
+from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine, build_steps
 from tests.support.tiny_model import tiny_transformer

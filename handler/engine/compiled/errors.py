@@ -1,7 +1,7 @@
 """How a failed compile or artifact load is raised and reported, wherever it happens.
 
 Its own module because both the assembly (handler.engine.factory, a blocking compile or load)
-and the background load (handler.engine.warm_start) raise and log these; neither imports the
+and the background load (handler.engine.compiled.warm_start) raise and log these; neither imports the
 other for them.
 """
 from __future__ import annotations

@@ -3,16 +3,16 @@
 A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
 the model's eager steps; this process builds the same model, AOT-compiles every serving shape
 (two of the three graphs in processes forked beside it when there are two cores or more:
-handler.engine.parallel_compile) and installs a verified artifact in the cache dir exactly as
+handler.engine.compiled.parallel_compile) and installs a verified artifact in the cache dir exactly as
 `archive.sh --aot` does; the worker then loads it in the background and switches between two
-steps (handler.engine.warm_start).
+steps (handler.engine.compiled.warm_start).
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
 steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
 serving worker keeps the CPU it needs, with the worker's torch thread count (the compiled
 graphs guard on it). It stops when the worker does (`--parent`): a compile nobody waits for any
 more would hold a core and the cache lock for minutes after `./serve.sh --stop`.
 
-    python -m handler.engine.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
+    python -m handler.engine.compiled.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
 """
 from __future__ import annotations
 
@@ -23,15 +23,16 @@ from pathlib import Path
 
 import torch
 
-from handler.engine import artifacts, config
-from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine import config
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import artifacts
+from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.child_process import exit_now, watch_parent
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.factory import compile_and_install
-from handler.engine.child_process import exit_now, watch_parent
-from handler.engine.prepare import prepare_model
 
-log = logging.getLogger("handler.engine.compile_process")
+log = logging.getLogger("handler.engine.compiled.compile_process")
 
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
 
@@ -52,7 +53,7 @@ def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.engine.compile_process", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m handler.engine.compiled.compile_process", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the worker's resolved EngineConfig, as JSON")
     p.add_argument("--key", required=True, help="the cache key digest the worker looks for")
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_parent(args.parent)
     os.nice(NICENESS)
     # One thread until the processes compiling beside this one are forked, with the model as
-    # prepared here (handler.engine.parallel_compile); then the worker's count.
+    # prepared here (handler.engine.compiled.parallel_compile); then the worker's count.
     torch.set_num_threads(1)
     log.info(compile_into(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
     return 0
