@@ -27,8 +27,9 @@ from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile,
 from handler.engine.compiled.artifact_lookup import ArtifactRequest
 from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
 from handler.engine.compiled.errors import CompileError
+from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine, build_steps
+from handler.engine.factory import build_engine
 from handler.engine.model import ModelArgs, Transformer
 from handler.engine.sampling import SamplingParams
 
