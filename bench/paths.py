@@ -28,10 +28,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section  # noqa: E402
 
-from handler.engine import aot, packed, platform  # noqa: E402
+from handler.engine import packed, platform  # noqa: E402
 from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
-from handler.engine.kernels import build, matvec  # noqa: E402
+from handler.engine.compiled import aot  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.engine.kernels import build, matvec  # noqa: E402
 from handler.engine.linear import Linear  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16, 32, 128)

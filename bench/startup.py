@@ -44,8 +44,8 @@ from handler.build.archive import build_mar  # noqa: E402
 from handler.build.model_config import ServingOptions  # noqa: E402
 from handler.build.precompile import key_for_mar  # noqa: E402
 from handler.cache import S3Store, make_s3_client, publish_if_new  # noqa: E402
-from handler.cache.sync import restore_in_background  # noqa: E402
 from handler.cache.key import KEY_FILE_NAME  # noqa: E402
+from handler.cache.sync import restore_in_background  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
 from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
@@ -372,7 +372,7 @@ and the ratios move towards 1.
 
 The compile process starts before the worker prepares its model (their starts overlap), prepares
 its own on one thread, forks two processes with it that compile prefill's graph and decode's general
-graph while it compiles decode's batch-1 graph (`handler/engine/parallel_compile.py`), loads each
+graph while it compiles decode's batch-1 graph (`handler/engine/compiled/parallel_compile.py`), loads each
 graph back from the file the artifact copies as it lands, installs the artifact, and exits; the
 worker loads it (in all {runs['cold'].get('engine_compile_s', float('nan')):.1f} s from the worker's ready to the compiled steps loaded).
 Each graph is ~40-60 s of CPU, Python more than g++: Dynamo traces one layer for all 30, AOT

@@ -10,8 +10,8 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
-from handler.engine.compile_progress import MARKER
-from handler.engine.warm_start import SWITCHED
+from handler.engine.compiled.compile_progress import MARKER
+from handler.engine.compiled.warm_start import SWITCHED
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import TorchServe, ports_from, read_properties, start_torchserve
 from handler.worker_log import MODEL_LOG

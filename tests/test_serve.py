@@ -1,6 +1,6 @@
 """serve.sh's entry point (handler.serve): errors it answers before starting anything."""
+from handler.engine.compiled.warm_start import SWITCHED
 from handler.engine.platform import PROFILE_ENV
-from handler.engine.warm_start import SWITCHED
 from handler.serve import compile_status, main
 
 
@@ -12,8 +12,8 @@ def test_serve_sh_with_an_unknown_cpu_profile_is_a_one_line_error(monkeypatch, c
 
 
 def test_compile_status_names_the_latest_graph_compiling():
-    log = ("2026 compile process: INFO handler.engine.aot: aot: compiling graph 1 of 4 (prefill); a time estimate follows\n"
-           "2026 compile process: INFO handler.engine.aot: aot: compiling graph 2 of 4 (decode); about 3 min left\n")
+    log = ("2026 compile process: INFO handler.engine.compiled.aot: aot: compiling graph 1 of 4 (prefill); a time estimate follows\n"
+           "2026 compile process: INFO handler.engine.compiled.aot: aot: compiling graph 2 of 4 (decode); about 3 min left\n")
     status = compile_status(log)
     assert status.startswith("Serving eager steps while the compile runs: compiling graph 2 of 4 (decode); about 3 min left.")
 

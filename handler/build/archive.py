@@ -12,8 +12,8 @@ from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
 from handler.build.model_config import ServingOptions, model_config
-from handler.engine.artifacts import write_weights_digest
 from handler.engine.checkpoint import check_context, open_checkpoint
+from handler.engine.compiled.artifacts import write_weights_digest
 from handler.engine.config import EngineConfig
 from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 

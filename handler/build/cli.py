@@ -13,8 +13,8 @@ from handler.build.model_config import ServingOptions, handler_config
 from handler.build.precompile import build_artifact
 from handler.cache import open_store, publish_if_new
 from handler.engine import platform
-from handler.engine.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.checkpoint import CheckpointError
+from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.config import EngineConfig
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
 from handler.serving.config import HandlerConfig

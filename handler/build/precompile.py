@@ -1,6 +1,6 @@
 """Compile artifacts at build time (archive.sh --aot) and the cache key of a built .mar.
 
-The key of a .mar is what a worker serving it computes at load (handler.engine.artifacts), so
+The key of a .mar is what a worker serving it computes at load (handler.engine.compiled.artifacts), so
 the sidecar can restore the matching artifact before TorchServe starts:
 
     python -m handler.build.precompile key model_store/llm.mar --out /var/cache/ts-llm/key.json
@@ -18,12 +18,12 @@ import torch
 import yaml
 
 from handler.cache.key import CacheKey, digest_files
-from handler.engine import aot
-from handler.engine.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import aot
+from handler.engine.compiled.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
+from handler.engine.compiled.cold_compile import compile_and_install
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.factory import compile_and_install
-from handler.engine.prepare import prepare_model
 from handler.engine.platform import auto_quantization, resolve
 from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 

@@ -62,7 +62,7 @@ def restore_in_background(store: ArtifactStore, key: CacheKey, dest_dir: Path,
                           log: logging.Logger | None = None) -> Future[RestoreOutcome]:
     """`restore` in a thread; returns once that thread holds dest_dir's install lock.
 
-    A worker looks its artifact up under the same lock (handler.engine.artifacts.holding), so
+    A worker looks its artifact up under the same lock (handler.engine.compiled.artifacts.holding), so
     TorchServe can be started now: its JVM and worker start overlap the download, and the
     worker's lookup waits for the restore to end instead of finding nothing and compiling.
     """

@@ -33,7 +33,7 @@ class EngineConfig:
     compile: Literal["inductor", "eager"] = "inductor"
     on_compile_error: Literal["raise", "eager"] = "raise"
     # A verified AOT artifact: "background" serves eager steps while it loads (~2-3 s) and then
-    # switches (handler.engine.warm_start); "blocking" loads it before the engine is returned.
+    # switches (handler.engine.compiled.warm_start); "blocking" loads it before the engine is returned.
     warm_start: Literal["background", "blocking"] = "background"
     # Inductor constant-folds and prepacks weights (oneDNN on CPU). Off: measured no faster for
     # decode here (bf16, batch 1/8/16), and frozen graphs cannot be saved as AOT artifacts.
@@ -98,7 +98,7 @@ class EngineConfig:
 
 
 def to_json(cfg: EngineConfig) -> str:
-    """A resolved config as another process (handler.engine.compile_process) reads it back."""
+    """A resolved config as another process (handler.engine.compiled.compile_process) reads it back."""
     return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()})
 
 

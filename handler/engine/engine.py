@@ -24,8 +24,7 @@ from torch import Tensor
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import SamplingParams, make_generator, sample_next, token_logprob
-from handler.engine.sequence import Sequence, StepOutput
-from handler.engine.stop_text import cut_at_stop, take_text
+from handler.engine.sequence import Sequence, StepOutput, cut_at_stop, take_text
 from handler.engine.tokenizer import Tokenizer
 
 # Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix

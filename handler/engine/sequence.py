@@ -1,5 +1,7 @@
-"""One generation in the engine (a Sequence: a request's sample in its slot) and what a step
-reports for it (StepOutput)."""
+"""One generation in the engine (a Sequence: a request's sample in its slot), what a step
+reports for it (StepOutput), and which of its decoded text may be sent: stop strings cut it, and
+text that could still become a stop string or an incomplete UTF-8 character is held back until
+it is settled."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +27,8 @@ class Sequence:
     decoding: bool = False  # prefilled up to its prompt's last token, which decode takes
     cached_tokens: int = 0  # of those, taken from the prefix cache rather than computed
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    emitted_chars: int = 0
+    text: str = ""  # all decoded text (cut at a stop string)
+    emitted_chars: int = 0  # how much of it was sent
     finish_reason: str | None = None
 
     @property
@@ -59,3 +61,39 @@ class StepOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+# ---- the text a sequence may send -------------------------------------------------------------
+
+def cut_at_stop(seq: Sequence) -> bool:
+    # Only the tail can hold a new match: search from just before the text emitted so far.
+    for stop in seq.params.stop:
+        at = seq.text.find(stop, max(0, seq.emitted_chars - len(stop)))
+        if at != -1:
+            seq.text = seq.text[:at]
+            return True
+    return False
+
+
+def take_text(seq: Sequence) -> str:
+    """Text safe to emit now: all of it once finished; else hold back an incomplete UTF-8
+    character and any tail that could still grow into a stop string."""
+    end = len(seq.text)
+    if seq.finish_reason is None:
+        if seq.text.endswith("\ufffd"):
+            end -= 1
+        end -= _stop_prefix_len(seq.text[:end], seq.params.stop)
+    end = max(end, seq.emitted_chars)
+    delta = seq.text[seq.emitted_chars : end]
+    seq.emitted_chars = end
+    return delta
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest

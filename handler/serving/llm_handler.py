@@ -13,11 +13,11 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 from ts.utils.util import PredictionException
 
-from handler.engine.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
+from handler.drain_flag import DrainFlag
+from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
-from handler.drain_flag import DrainFlag
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import MAX_N, Limits
 from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply

@@ -5,7 +5,7 @@ step or a few for every live request, the frontend sends them all back for the n
 the frontend hands each request to the worker once and the worker answers when it likes: here a
 thread admits what arrived between two steps, steps the engine and hands every request's pieces to
 its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the 2-core
-machines, once the loading thread releases its OpenMP workers (handler.engine.openmp): on Zen 4
+machines, once the loading thread releases its OpenMP workers (handler.serving.openmp): on Zen 4
 (bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a token
 halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py, one run per mode) 1.4-1.6x at 1 client and
 1.2-1.5x at 16, both when a continuous call was one step. Since continuous calls take several
@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from handler.engine import openmp
+from handler.serving import openmp
 from handler.serving.formats import error_body
 from handler.serving.protocol import is_model_list
 from handler.serving.service import BaseService, Incoming, Reply
@@ -56,7 +56,7 @@ class LoopService(BaseService):
 
     def start(self) -> None:
         """From the thread that built the engine: its OpenMP workers are released first, or the
-        engine thread's would be throttled (handler.engine.openmp)."""
+        engine thread's would be throttled (handler.serving.openmp)."""
         openmp.release_this_threads_pool()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()

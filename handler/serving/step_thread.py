@@ -2,14 +2,14 @@
 TorchServe's frontend: continuous batching answers a call, then steps ahead until the next call
 comes (ContinuousService's `step_ahead`). Every step runs on this thread, waited for or not, so the
 engine's OpenMP parallel regions always start from the same pool of workers
-(handler.engine.openmp)."""
+(handler.serving.openmp)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from handler.engine import openmp
+from handler.serving import openmp
 
 T = TypeVar("T")
 
@@ -17,7 +17,7 @@ T = TypeVar("T")
 class StepThread:
     def __init__(self) -> None:
         """From the thread that built the engine: its OpenMP workers are released first
-        (handler.engine.openmp), or this thread's regions would run throttled."""
+        (handler.serving.openmp), or this thread's regions would run throttled."""
         openmp.release_this_threads_pool()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._ahead: Future | None = None

@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from handler.engine import platform
-from handler.engine.warm_start import LOADED, SWITCHED
+from handler.engine.compiled.warm_start import LOADED, SWITCHED
 from handler.torchserve.client import KeyFile, TorchServeClient
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.stop import stop_with_cli, terminate_tree

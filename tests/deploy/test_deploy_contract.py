@@ -458,7 +458,7 @@ def test_artifact_dir_is_inside_the_volume_and_not_a_mount_point(pod, contract,
 
 
 def test_inductor_cache_is_beside_the_artifact_dir_not_inside(pod, contract, helpers) -> None:
-    """handler.engine.artifacts.check_layout refuses TORCHINDUCTOR_CACHE_DIR inside (or equal
+    """handler.engine.compiled.artifacts.check_layout refuses TORCHINDUCTOR_CACHE_DIR inside (or equal
     to) the artifact dir: every worker load would fail."""
     env = {e["name"]: e.get("value") for e in helpers.serving_container(pod)["env"]}
     inductor, artifact = env["TORCHINDUCTOR_CACHE_DIR"], env[contract.cache_dir_env]

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handler.engine import aot, packed, platform
+from handler.engine import packed, platform
+from handler.engine.compiled import aot
 from handler.engine.model import ModelArgs, Transformer
 
 BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)

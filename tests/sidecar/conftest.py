@@ -119,7 +119,7 @@ def cache_key(**change: str):
 
 def install_artifact(cache_dir: Path, key=None, key_file: bool = True) -> object:
     """An installed artifact: files, the key file inside it (listed, as the worker writes it),
-    and the manifest (handler.engine.artifacts.install's layout). Returns the key."""
+    and the manifest (handler.engine.compiled.artifacts.install's layout). Returns the key."""
     from handler.cache.manifest import MANIFEST_NAME, build_manifest
 
     key = key if key is not None else cache_key()

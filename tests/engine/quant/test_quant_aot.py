@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from handler.engine import artifacts
-from handler.engine.artifacts import ArtifactPlaces
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import artifacts
+from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams

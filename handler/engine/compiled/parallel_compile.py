@@ -8,10 +8,10 @@ beside prefill, 145 s; all three side by side, 137 s. Each graph is slower shari
 but none waits for another; with three cores or more they finish together. The children
 compile into this compile's Inductor build dir, so the kernels and header they build are packed
 with the artifact, and save their graphs, which are loaded here and join this process's graphs
-in one artifact. In handler.engine.compile_process they are forked with the model prepared
+in one artifact. In handler.engine.compiled.compile_process they are forked with the model prepared
 there; elsewhere (archive.sh --aot, a blocking cold start in a worker) they start afresh:
 
-    python -m handler.engine.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
+    python -m handler.engine.compiled.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
 from __future__ import annotations
 
@@ -32,13 +32,14 @@ from pathlib import Path
 
 import torch
 
-from handler.engine import aot, compile_times, config, cpp_cache, platform, shapes
+from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile_progress import CompileProgress, SideBySide
+from handler.engine.compiled import aot, compile_times, cpp_cache, shapes
+from handler.engine.compiled.child_process import exit_now, watch_parent
+from handler.engine.compiled.compile_progress import CompileProgress, SideBySide
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
-from handler.engine.child_process import exit_now, watch_parent
-from handler.engine.prepare import prepare_model
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
     graphs still compiling elsewhere run. `model_cache_dir` is the Inductor cache `model` was
     prepared in (its quantized kernels are there: a child need not build them).
 
-    `fork_threads`: this process has run torch on one thread only (handler.engine.compile_process):
+    `fork_threads`: this process has run torch on one thread only (handler.engine.compiled.compile_process):
     the children are then forked with the model as prepared here instead of started afresh (~6 s
     of CPU each, imports and the model, on the critical path of a cold start), and every process
     runs `fork_threads` threads from then on. A team of OpenMP threads does not survive a fork:

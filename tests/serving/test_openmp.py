@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from handler.engine import openmp
+from handler.serving import openmp
 
 needs_libgomp = pytest.mark.skipif(openmp._loaded_libgomp() is None, reason="torch's OpenMP is not libgomp here")
 

@@ -4,27 +4,24 @@
                         and the places to look: none when this configuration cannot use one
     find_verified       the first verified artifact for the key in those places
     look_up_aside       warm_start: background with a cache dir to install into: the verified
-                        artifact, or handler.engine.compile_process started at once when there
-                        is none, before the worker prepares its model (handler.engine.factory),
-                        so that the two starts overlap (~6 s of a cold start's compiled speed)
+                        artifact, or the compile process (handler.engine.compiled.compile_process)
+                        started at once when there is none, before the worker prepares its model
+                        (handler.engine.factory), so that the two starts overlap (~6 s of a cold
+                        start's compiled speed)
 """
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from handler.cache.key import CacheKey
-from handler.engine import aot, artifacts, config
-from handler.engine.artifacts import ArtifactPlaces, Verdict
 from handler.engine.checkpoint import Checkpoint
-from handler.engine.compile_errors import CompileError
+from handler.engine.compiled import aot, artifacts
+from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.compile_process import start_compile_process
 from handler.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -100,22 +97,3 @@ def compiles_aside(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
     """A cold compile runs in a process of its own while eager steps serve when it has a cache
     dir to install into and the configuration serves before compiled steps are in."""
     return cfg.warm_start == "background" and wanted.places.cache_dir is not None
-
-
-def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subprocess.Popen:
-    """handler.engine.compile_process for `cfg`; its output goes where this process's goes
-    (TorchServe's worker log). Named by module: importing it here would make a cycle."""
-    # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
-    # needs is kept by the process's lower priority (each compile process runs one thread of
-    # Python and g++; handler.engine.parallel_compile adds a second beside it on two cores).
-    cmd = [sys.executable, "-m", "handler.engine.compile_process", "--config", config.to_json(cfg), "--key", key.digest(),
-           "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
-    return subprocess.Popen(cmd)
-
-
-def wait_for_compile(process: subprocess.Popen) -> None:
-    """Until the compile process exits; a CompileError unless it succeeded."""
-    code = process.wait()
-    if code != 0:
-        raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
-                           "the worker log above, as 'compile process:'")

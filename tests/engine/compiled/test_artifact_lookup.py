@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from handler.engine import artifact_lookup, artifacts
-from handler.engine.artifact_lookup import ArtifactRequest, artifact_request, look_up_aside
-from handler.engine.artifacts import ArtifactPlaces
-from handler.engine.compile_errors import CompileError
+from handler.engine.compiled import artifact_lookup, artifacts
+from handler.engine.compiled.artifact_lookup import ArtifactRequest, artifact_request, look_up_aside
+from handler.engine.compiled.artifacts import ArtifactPlaces
+from handler.engine.compiled.errors import CompileError
+from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
-from handler.engine.factory import build_steps
 from tests.support.tiny_model import tiny_transformer
 
 NO_CHECKPOINT = Path("never-read")

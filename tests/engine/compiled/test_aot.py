@@ -21,17 +21,19 @@ import torch
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import aot, artifacts, cpp_cache, parallel_compile, platform, shapes
-from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine import platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile_errors import CompileError
+from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, shapes
+from handler.engine.compiled.artifact_lookup import ArtifactRequest
+from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.errors import CompileError
+from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
-from handler.engine.artifact_lookup import ArtifactRequest
-from handler.engine.factory import build_engine, build_steps
+from handler.engine.factory import build_engine
 from handler.engine.model import ModelArgs, Transformer
 from handler.engine.sampling import SamplingParams
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,", "Hi"]
 
 
@@ -47,7 +49,7 @@ WORKER_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     start = time.perf_counter()
     from torch._dynamo.utils import counters
-    from handler.engine.artifacts import ArtifactPlaces
+    from handler.engine.compiled.artifacts import ArtifactPlaces
     from handler.engine.config import EngineConfig
     from handler.engine.factory import build_engine
     from handler.engine.sampling import SamplingParams

@@ -4,9 +4,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from handler.engine.compiled.shapes import Shape, serving_shapes
 from handler.engine.config import EngineConfig
 from handler.engine.sampling import SamplingParams
-from handler.engine.shapes import Shape, serving_shapes
 from tests.support.tiny_model import CharTokenizer, counting_engine
 
 CFG = EngineConfig(Path("unused"), max_batch_size=4, max_seq_len=256, prefill_chunk=64, prefix_caching=True)

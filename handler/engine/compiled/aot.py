@@ -12,7 +12,7 @@ Parameters and KV-cache buffers stay graph inputs, read from the live model at e
 freezing): prefill and decode share one cache, and an artifact holds code, not weights.
 
 On CPU the serialized graphs carry their C++ kernels as source only, so the built kernels and
-Inductor's precompiled header travel with them (handler.engine.cpp_cache).
+Inductor's precompiled header travel with them (handler.engine.compiled.cpp_cache).
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from handler.engine import cpp_cache
-from handler.engine.compile_progress import CompileProgress
+from handler.engine.compiled import cpp_cache
+from handler.engine.compiled.compile_progress import CompileProgress
+from handler.engine.compiled.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
-from handler.engine.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from handler.cache.key import KEY_FILE_NAME
-from handler.engine import artifacts, config, platform
-from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compile_errors import CompileError
-from handler.engine.compile_process import compile_into
+from handler.engine.compiled import artifacts
+from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.compile_process import compile_into, wait_for_compile
+from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
-from handler.engine.artifact_lookup import wait_for_compile
 from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams
 
@@ -43,7 +43,7 @@ def test_a_failed_compile_process_is_a_compile_error():
 _CHILD = """
 import sys, time
 from pathlib import Path
-from handler.engine.child_process import watch_parent
+from handler.engine.compiled.child_process import watch_parent
 watch_parent(int(sys.argv[1]), poll_s=0.05)
 Path(sys.argv[2]).write_text("started")
 try:

@@ -1,8 +1,6 @@
-"""How a failed compile or artifact load is raised and reported, wherever it happens.
-
-Its own module because both the assembly (handler.engine.factory, a blocking compile or load)
-and the background load (handler.engine.warm_start) raise and log these; neither imports the
-other for them.
+"""How a failed compile or artifact load is raised and reported, wherever it happens: as the
+steps are chosen (handler.engine.compiled.steps), in the background load (warm_start), or when
+the compile process fails (compile_process.wait_for_compile).
 """
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ stays within matvec.MAX_BATCH."""
 from __future__ import annotations
 
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.kernels import matvec
 from handler.engine.linear import Linear
-from handler.engine.prepare import prepare_model
 
 
 def _routes(checkpoint, **overrides) -> set[tuple[bool, bool]]:

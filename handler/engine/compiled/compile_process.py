@@ -1,39 +1,64 @@
 """The cold compile in a process of its own, so the worker serves eagerly meanwhile.
 
-A worker that finds no usable artifact starts this process (handler.engine.factory) and serves
-the model's eager steps; this process builds the same model, AOT-compiles every serving shape
-(two of the three graphs in processes forked beside it when there are two cores or more:
-handler.engine.parallel_compile) and installs a verified artifact in the cache dir exactly as
-`archive.sh --aot` does; the worker then loads it in the background and switches between two
-steps (handler.engine.warm_start).
+A worker that finds no usable artifact starts this process (start_compile_process, from
+handler.engine.compiled.artifact_lookup) and serves the model's eager steps; this process builds
+the same model, AOT-compiles every serving shape (two of the three graphs in processes forked
+beside it when there are two cores or more: handler.engine.compiled.parallel_compile) and
+installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
+waits for it (wait_for_compile), then loads it in the background and switches between two steps
+(handler.engine.compiled.warm_start).
 A process, not a thread: compiling is minutes of Python holding its own GIL, and the worker's
 steps and TorchServe heartbeats must not wait on it. It runs at a lower priority so that the
 serving worker keeps the CPU it needs, with the worker's torch thread count (the compiled
 graphs guard on it). It stops when the worker does (`--parent`): a compile nobody waits for any
 more would hold a core and the cache lock for minutes after `./serve.sh --stop`.
 
-    python -m handler.engine.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
+    python -m handler.engine.compiled.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
-from handler.engine import artifacts, config
-from handler.engine.artifacts import ArtifactPlaces, Verdict
+from handler.cache.key import CacheKey
+from handler.engine import config
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import artifacts
+from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.child_process import exit_now, watch_parent
+from handler.engine.compiled.cold_compile import compile_and_install
+from handler.engine.compiled.errors import CompileError
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.factory import compile_and_install
-from handler.engine.child_process import exit_now, watch_parent
-from handler.engine.prepare import prepare_model
 
-log = logging.getLogger("handler.engine.compile_process")
+log = logging.getLogger("handler.engine.compiled.compile_process")
 
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
+
+
+def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subprocess.Popen:
+    """The compile process for `cfg` (this module's main), started; its output goes where this
+    process's goes (TorchServe's worker log)."""
+    # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
+    # needs is kept by the process's lower priority (each compile process runs one thread of
+    # Python and g++; handler.engine.compiled.parallel_compile adds a second beside it on two cores).
+    cmd = [sys.executable, "-m", __name__, "--config", config.to_json(cfg), "--key", key.digest(),
+           "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
+    return subprocess.Popen(cmd)
+
+
+def wait_for_compile(process: subprocess.Popen) -> None:
+    """Until the compile process exits; a CompileError unless it succeeded."""
+    code = process.wait()
+    if code != 0:
+        raise CompileError(f"the compile process (pid {process.pid}) exited with code {code}; its error is in "
+                           "the worker log above, as 'compile process:'")
 
 
 def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int | None = None) -> str:
@@ -52,7 +77,7 @@ def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.engine.compile_process", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m handler.engine.compiled.compile_process", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the worker's resolved EngineConfig, as JSON")
     p.add_argument("--key", required=True, help="the cache key digest the worker looks for")
@@ -65,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_parent(args.parent)
     os.nice(NICENESS)
     # One thread until the processes compiling beside this one are forked, with the model as
-    # prepared here (handler.engine.parallel_compile); then the worker's count.
+    # prepared here (handler.engine.compiled.parallel_compile); then the worker's count.
     torch.set_num_threads(1)
     log.info(compile_into(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
     return 0

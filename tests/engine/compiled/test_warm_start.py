@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from handler.engine.compile_errors import CompileError
-from handler.engine.warm_start import LOADED, BackgroundLoad
+from handler.engine.compiled.errors import CompileError
+from handler.engine.compiled.warm_start import LOADED, BackgroundLoad
 
 EAGER = SimpleNamespace(prefill=lambda x: ("eager prefill", x), decode=lambda x: ("eager decode", x))
 COMPILED = SimpleNamespace(prefill=lambda x: ("compiled prefill", x), decode=lambda x: ("compiled decode", x))
@@ -28,7 +28,7 @@ def _gated(result=COMPILED, error: Exception | None = None):
 
 
 def test_eager_steps_serve_until_the_load_finishes_then_the_loaded_ones(caplog):
-    caplog.set_level(logging.INFO, logger="handler.engine.warm_start")
+    caplog.set_level(logging.INFO, logger="handler.engine.compiled.warm_start")
     gate, load = _gated()
     compiled = []
     bg = BackgroundLoad(EAGER, load, allow_eager=False, on_compiled=compiled.append).start()
@@ -53,7 +53,7 @@ def test_a_failed_load_raises_at_every_step_unless_eager_is_allowed():
 
 
 def test_a_failed_load_serves_eager_and_is_reported_once_when_allowed(caplog):
-    caplog.set_level(logging.INFO, logger="handler.engine.warm_start")
+    caplog.set_level(logging.INFO, logger="handler.engine.compiled.warm_start")
     gate, load = _gated(error=RuntimeError("bad graph"))
     failures = []
     bg = BackgroundLoad(EAGER, load, allow_eager=True, on_failed=failures.append).start()

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from handler.engine import aot, compile_times, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.prepare import prepare_model
 
 pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
 
@@ -37,7 +37,7 @@ def _compile_steps(model, cfg) -> dict:
 
 
 def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
-    with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"):
+    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.parallel_compile"):
         steps = aot.serving_steps(model, _compile_steps(model, cfg))
     assert "compiling prefill in a process of its own" in caplog.text
     assert "compiling decode, general in a process of its own" in caplog.text
@@ -72,10 +72,10 @@ _FORKING = """
 import json, sys, time
 from pathlib import Path
 import torch
-from handler.engine import aot, cpp_cache, parallel_compile
 from handler.engine.checkpoint import open_checkpoint
+from handler.engine.compiled import aot, cpp_cache, parallel_compile
+from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.prepare import prepare_model
 
 torch.set_num_threads(1)
 cfg = EngineConfig(Path(sys.argv[1]), dtype="float32", packed_weights="off", max_batch_size=4, max_seq_len=64)
@@ -123,6 +123,6 @@ def test_one_core_compiles_in_this_process(cfg, model, monkeypatch, caplog):
 
     monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 1)
     monkeypatch.setattr(aot, "compile_steps", compile_steps)
-    with caplog.at_level(logging.INFO, logger="handler.engine.parallel_compile"), pytest.raises(CompiledHere):
+    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.parallel_compile"), pytest.raises(CompiledHere):
         _compile_steps(model, cfg)
     assert "process of its own" not in caplog.text

@@ -1,4 +1,4 @@
-from handler.engine.compile_progress import CompileProgress, SideBySide
+from handler.engine.compiled.compile_progress import CompileProgress, SideBySide
 
 
 def test_first_graph_has_no_estimate_yet():

@@ -1,5 +1,5 @@
 """What the next side-by-side cold compile should expect, for its time estimate
-(handler.engine.compile_progress.SideBySide): this machine's last one of a model as deep, kept
+(handler.engine.compiled.compile_progress.SideBySide): this machine's last one of a model as deep, kept
 in Inductor's cache dir beside the kernels it built, else a reference machine's, scaled to the
 model and the cores."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 FILE = "compile-times.json"  # {"<layers>": {part: seconds from the start to its end}}
 
-# The reference: the compile process alone (python -m handler.engine.compile_process), default
+# The reference: the compile process alone (python -m handler.engine.compiled.compile_process), default
 # model (30 layers), three processes side by side on 2 cores (Zen 4), one run.
 REFERENCE = {"decode, batch 1": 103.0, "decode, general": 108.0, "prefill": 111.0}
 REFERENCE_LAYERS = 30

@@ -1,6 +1,6 @@
 """Which compiled artifacts a worker may load: the cache key, verified lookup, installation.
 
-An artifact directory holds handler.engine.aot's files plus handler.cache's manifest, which
+An artifact directory holds handler.engine.compiled.aot's files plus handler.cache's manifest, which
 names the artifact's key and the SHA-256 of every file. It gets there three ways: the sidecar
 restores it from the store, archive.sh packs it into the .mar, or a worker installs it after a
 cold compile (and the sidecar publishes it). A worker loads one only when the key is its own
@@ -23,8 +23,9 @@ from handler.cache.errors import ArtifactVerificationError
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
 from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
-from handler.engine import aot, platform
+from handler.engine import platform
 from handler.engine.checkpoint import Checkpoint
+from handler.engine.compiled import aot
 from handler.engine.config import EngineConfig
 from handler.files import write_atomic
 
