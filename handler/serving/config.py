@@ -49,7 +49,7 @@ class HandlerConfig:
     # Continuous batching: how long one call to the worker may go on decoding while every request
     # in it goes on (0: one step per call, each token streamed as it is decoded;
     # ContinuousService.call_seconds), and whether the next step runs while the frontend sends
-    # the next call (ContinuousService.step_ahead).
+    # the next call, once calls admit and finish nothing (ContinuousService.step_ahead).
     continuous_call_ms: float = 0.0
     continuous_step_ahead: bool = True
     # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->

@@ -20,7 +20,8 @@ from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.loop_service import Delivery, LoopService
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import MAX_N, Limits
-from handler.serving.service import ContinuousService, DynamicService, Incoming, Reply
+from handler.serving.continuous_service import ContinuousService
+from handler.serving.service import DynamicService, Incoming, Reply
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ import pytest
 
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
-from handler.serving.service import QUIET_CALLS, ContinuousService, DynamicService, Incoming, Reply
+from handler.serving.continuous_service import QUIET_CALLS, ContinuousService
+from handler.serving.service import DynamicService, Incoming, Reply
 from tests.support.service_driver import drive
 from tests.support.tiny_model import counting_engine
 

@@ -1,7 +1,8 @@
 """Driving a ContinuousService as TorchServe's frontend does, for the service tests."""
 from __future__ import annotations
 
-from handler.serving.service import ContinuousService, Incoming, Reply
+from handler.serving.continuous_service import ContinuousService
+from handler.serving.service import Incoming, Reply
 
 
 def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50) -> dict[str, list[Reply]]:
