@@ -16,7 +16,10 @@ class ServingOptions:
     # engine loop); "dynamic": batchSize/maxBatchDelay
     batching: Literal["continuous", "async", "dynamic"] = "continuous"
     batch_size: int = 16  # requests decoded together (continuous, async) or one batch's size (dynamic)
-    max_batch_delay_ms: int = 10
+    # What a request that finds the worker idle waits for others to share its first call (under
+    # load the frontend adds arrivals without waiting). 2, not 10: a lone request's first token
+    # came 10 ms later; arrivals a call apart share decode steps anyway (docs/benchmarks.md).
+    max_batch_delay_ms: int = 2
     workers: int = 1
     response_timeout_s: int = 600
     startup_timeout_s: int = 900  # compile (cold) happens inside the worker's load
