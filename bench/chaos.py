@@ -33,7 +33,7 @@ from pathlib import Path
 
 from chaos_lb import lb_phase
 from chaos_load import Load, Record, Target, as_rows
-from chaos_replica import (BUCKET, MODEL, PREFIX, Moto, Sidecar, build_archive, published_objects,
+from chaos_replica import (BUCKET, MODEL, PREFIX, Sidecar, build_archive, published_objects,
                            raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
                            write_compile_cache)
 from chaos_report import write_outputs
@@ -43,6 +43,7 @@ from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import TorchServe
 from handler.testing.metadata_emulator import MetadataEmulator
+from handler.testing.moto import MotoServer
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 # ---- phase 1: spot interruption
 
 def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, checkpoint: Path,
-               moto: Moto) -> SpotPhase:
+               moto: MotoServer) -> SpotPhase:
     work.mkdir(parents=True)
     cache_key = write_compile_cache(work / "compile-cache", checkpoint)
 
@@ -138,7 +139,7 @@ def spot_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path, ch
         return phase
 
 
-def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: Moto, flag: Path,
+def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: MotoServer, flag: Path,
                   work: Path) -> dict[str, object]:
     return {"clouds": "aws", "aws_metadata_url": emulator.url,
             "poll_interval_s": 2.0,  # what aws-node-termination-handler polls at

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -23,14 +23,12 @@ import yaml
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
 from handler.testing.metadata_emulator import MetadataEmulator
+from handler.testing.moto import FAKE_AWS_ENV, REGION, MotoServer, start_moto_server
 from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "llm"
 BUCKET, PREFIX = "chaos-compile-cache", "ts-llm/llm"
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-            "NO_PROXY": "127.0.0.1,localhost"}
 
 
 def build_archive(checkpoint: Path, store: Path, flag: Path, compile_mode: str,
@@ -111,7 +109,7 @@ def start_sidecar(work: Path, ts: TorchServe, settings: dict[str, object]) -> Si
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "ts-llm-sidecar"), "watch", "--config",
              str(config_path)], stdout=subprocess.DEVNULL, stderr=log,
-            env={**os.environ, **FAKE_AWS}, start_new_session=True)
+            env={**os.environ, **FAKE_AWS_ENV}, start_new_session=True)
     sidecar = Sidecar(process, port, log_path, Path(str(config["report_file"])))
     _wait(lambda: sidecar.ready() is not None or process.poll() is not None, 30,
           f"the sidecar to listen (see {log_path})")
@@ -178,34 +176,21 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> i
     return int(process.returncode)
 
 
-@dataclass
-class Moto:
-    endpoint_url: str
-    server: object = field(repr=False)
-
-    def stop(self) -> None:
-        self.server.stop()  # type: ignore[attr-defined]
-
-
-def start_moto() -> Moto:
-    from moto.server import ThreadedMotoServer
-
-    os.environ.update(FAKE_AWS)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    moto = Moto(f"http://{host}:{port}", server)
+def start_moto() -> MotoServer:
+    """moto's S3 on loopback holding the chaos bucket, with its fake credentials in this process."""
+    os.environ.update(FAKE_AWS_ENV)
+    moto = start_moto_server()
     s3(moto).create_bucket(Bucket=BUCKET)
     return moto
 
 
-def s3(moto: Moto):  # noqa: ANN201 - a boto3 client
+def s3(moto: MotoServer):  # noqa: ANN201 - a boto3 client
     import boto3
 
-    return boto3.client("s3", endpoint_url=moto.endpoint_url, region_name="us-east-1")
+    return boto3.client("s3", endpoint_url=moto.endpoint_url, region_name=REGION)
 
 
-def published_objects(moto: Moto, digest: str) -> list[dict[str, object]]:
+def published_objects(moto: MotoServer, digest: str) -> list[dict[str, object]]:
     listed = s3(moto).list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}/{digest}/")
     return [{"key": o["Key"], "size": o["Size"], "last_modified": o["LastModified"].timestamp()}
             for o in listed.get("Contents", [])]

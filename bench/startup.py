@@ -48,7 +48,7 @@ from handler.cache.key import KEY_FILE_NAME  # noqa: E402
 from handler.cache.sync import restore_in_background  # noqa: E402
 from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
-from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
+from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint."
 TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2, "cold_first_answer_over_eager": 1.5,

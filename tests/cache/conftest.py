@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 from handler.cache.key import CacheKey, sha256_json
 from handler.cache.metrics import CacheMetrics
 from handler.cache.s3 import S3Store, make_s3_client
+from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
 from tests.support.artifacts import write_artifact
-from tests.support.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
 
 
 @pytest.fixture(scope="session")

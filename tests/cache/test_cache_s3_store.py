@@ -20,8 +20,8 @@ from handler.cache.manifest import MANIFEST_NAME
 from handler.cache.s3 import S3Store, make_s3_client
 from handler.cache.store import blob_name, manifest_name
 from handler.cache.sync import PublishOutcome, RestoreOutcome, publish_if_new, restore
+from handler.testing.moto import REGION, enforced_auth
 from tests.support.artifacts import read_tree, write_artifact
-from tests.support.moto import REGION, enforced_auth
 
 pytestmark = pytest.mark.timeout(60)
 FAST = dict(connect_timeout=0.5, read_timeout=0.5, max_attempts=1)

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from handler.testing.metadata_emulator import MetadataEmulator
+from handler.testing.moto import start_moto_server
 from tests.support.fake_torchserve import START, FakeManagement
 
 
@@ -78,8 +79,6 @@ def management() -> Iterator[FakeManagement]:
 
 @pytest.fixture(scope="session")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
     with pytest.MonkeyPatch.context() as env:
         # Fake credentials, and no credential or region lookups that could leave the machine.
         env.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -88,10 +87,8 @@ def moto_url() -> Iterator[str]:
         env.setenv("AWS_DEFAULT_REGION", "us-east-1")
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
         env.delenv("AWS_PROFILE", raising=False)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
+        server = start_moto_server()
+        yield server.endpoint_url
         server.stop()
 
 

@@ -1,6 +1,6 @@
-"""A real S3 API on loopback for tests: moto's threaded server, started in-process.
-
-Reusable from any test folder:
+"""A real S3 API on loopback: moto's threaded server, started in-process, for the tests and
+the benchmarks that need a compile-cache store (bench/startup.py, the chaos run). moto comes
+with the test extras; the product never imports this module.
 
     server = start_moto_server()
     client = boto3.client("s3", endpoint_url=server.endpoint_url, region_name=REGION)
@@ -16,8 +16,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from moto.server import ThreadedMotoServer
+if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
 FAKE_AWS_ENV = {
@@ -42,6 +44,8 @@ class MotoServer:
 
 def start_moto_server() -> MotoServer:
     """Start moto on 127.0.0.1 and a free port; returns once it accepts connections."""
+    from moto.server import ThreadedMotoServer
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
