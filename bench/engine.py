@@ -1,9 +1,9 @@
 """Engine benchmark: decode tokens/s of transformers `generate` (eager) vs this engine (eager and
 compiled), at several batch sizes, in one process, plus the memory-bandwidth roofline at batch 1.
 
-    .venv/bin/python bench/engine.py                      # CPU, this CPU's auto path, batches 1 8 32
-    .venv/bin/python bench/engine.py --cpu-profile avx2   # the same under a forced (lower) CPU profile
-    .venv/bin/python bench/engine.py --device cuda        # the same on a GPU (see bench/gpu.sh)
+    .venv/bin/python -m bench.engine                      # CPU, this CPU's auto path, batches 1 8 32
+    .venv/bin/python -m bench.engine --cpu-profile avx2   # the same under a forced (lower) CPU profile
+    .venv/bin/python -m bench.engine --device cuda        # the same on a GPU (see bench/gpu.sh)
 
 Writes docs/results/engine.json (the run, plus `profiles`: the headline numbers of the latest
 run under each CPU profile, this one's replaced), docs/results/engine.png and the Engine section
@@ -18,15 +18,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, best_seconds, previous_profiles, sync, versions, write_json, write_section  # noqa: E402
+from bench.common import RESULTS, best_seconds, previous_profiles, sync, versions, write_json, write_section
 
-from handler.engine import platform  # noqa: E402
-from handler.engine.config import EngineConfig  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.engine.factory import build_engine  # noqa: E402
-from handler.engine.sampling import SamplingParams  # noqa: E402
-from handler.engine.tokenizer import Tokenizer  # noqa: E402
+from handler.engine import platform
+from handler.engine.config import EngineConfig
+from handler.engine.convert import ensure_default_checkpoint
+from handler.engine.factory import build_engine
+from handler.engine.sampling import SamplingParams
+from handler.engine.tokenizer import Tokenizer
 
 PROMPT = "The history of the printing press begins in"
 
@@ -244,7 +243,7 @@ def markdown(r: dict, argv: str, out: str) -> str:
     first, last = r["batches"][0], r["batches"][-1]
     return f"""## Engine (decode tokens/s, {r['dtype']}, {r['device']})
 
-Command: `.venv/bin/python bench/engine.py {argv}`. Versions: torch {v['torch']}, transformers {v.get('transformers')},
+Command: `.venv/bin/python -m bench.engine {argv}`. Versions: torch {v['torch']}, transformers {v.get('transformers')},
 Python {v['python']}, {v['machine']}, CPU profile {v.get('cpu_profile')} (engine path `{r.get('engine_path')}`), {v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
 prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each number is the best of {REPEATS} runs. `hf_eager` is transformers `generate` in the same dtype.
 

@@ -3,30 +3,31 @@ tests (tests/fixtures/gguf_blocks.gguf): 8 rows x 512 columns of one tensor per 
 the 1B-class model's random weights (bench/peer_models.py: no model's weights) quantized to
 Q4_K_M (Q4_K, Q6_K), Q5_K_M (Q5_K) and Q5_0 / Q5_1 with llama.cpp's own quantizer.
 
-    .venv/bin/python bench/gguf_blocks.py
+    .venv/bin/python -m bench.gguf_blocks
 """
 from __future__ import annotations
 
+import argparse
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_llamacpp as llamacpp  # noqa: E402
+from bench import peer_llamacpp as llamacpp
+from bench.common import REPO
 
-from handler.engine.quant.gguf_file import BLOCKS, read_directory, read_rows  # noqa: E402
+from handler.engine.quant.gguf_file import BLOCKS, read_directory, read_rows
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gguf_blocks.gguf"
-SOURCE = "llama-1b-random.BF16.gguf"  # bench/peer.py --model 1b makes it
+OUT = REPO / "tests" / "fixtures" / "gguf_blocks.gguf"
+SOURCE = "llama-1b-random.BF16.gguf"  # `python -m bench.peer --model 1b` makes it
 QUANTIZE = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K",), "Q5_0": ("Q5_0",), "Q5_1": ("Q5_1",)}
 ROWS, COLUMNS = 8, 512
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import gguf
 
     build = llamacpp.ensure_built(torch.get_num_threads())

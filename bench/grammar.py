@@ -1,7 +1,7 @@
 """Structured output's own cost: compiling a JSON schema and masking one token's logits
 (handler.engine.grammar, llguidance), per schema, on the default model's tokenizer.
 
-    .venv/bin/python bench/grammar.py
+    .venv/bin/python -m bench.grammar
 
 Each schema is spelled token by token from seeded random logits (masked, argmax), as the worst
 model would: what every constrained sequence adds to a decode step. Writes
@@ -9,21 +9,19 @@ docs/results/grammar.json and the Structured output section of docs/benchmarks.m
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from common import REPO, versions, write_json, write_section  # noqa: E402
+from bench.common import REPO, versions, write_json, write_section
 
-from handler.engine.checkpoint import open_checkpoint  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.engine.grammar import ANY_OBJECT, Grammars, schema_text  # noqa: E402
-from handler.engine.tokenizer import Tokenizer  # noqa: E402
+from handler.engine.checkpoint import open_checkpoint
+from handler.engine.convert import ensure_default_checkpoint
+from handler.engine.grammar import ANY_OBJECT, Grammars, schema_text
+from handler.engine.tokenizer import Tokenizer
 
 SCHEMAS = {
     "person (object, string, integer, enum array)": schema_text({
@@ -65,6 +63,7 @@ def measure(grammars: Grammars, schema: str, vocab: int) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
     vocab = open_checkpoint(checkpoint).args.vocab_size
     tok = Tokenizer.from_dir(checkpoint)
@@ -74,7 +73,7 @@ def main() -> None:
     first_s = time.perf_counter() - start
     rows = {name: measure(grammars, schema, vocab) for name, schema in SCHEMAS.items()}
     result = {"vocab": vocab, "first_schema_s": first_s, "schemas": rows, "versions": versions(),
-              "command": ".venv/bin/python bench/grammar.py"}
+              "command": ".venv/bin/python -m bench.grammar"}
     write_json("grammar.json", result)
     write_section("grammar", markdown(result))
     for name, r in rows.items():

@@ -2,8 +2,8 @@
 frontend drives a decode step or a few per round trip) and asyncCommunication (the worker's own engine
 loop, handler/serving/loop_service.py), with the load and weights of bench/peer.py.
 
-    .venv/bin/python bench/modes.py                       # int4 (the default model's GGUF), 1 and 16 clients
-    .venv/bin/python bench/modes.py --precision bf16 --concurrency 1 4 16 --requests 8 16 32
+    .venv/bin/python -m bench.modes                       # int4 (the default model's GGUF), 1 and 16 clients
+    .venv/bin/python -m bench.modes --precision bf16 --concurrency 1 4 16 --requests 8 16 32
 
 Writes docs/results/modes.json (keys `ratio_c<N>` = async / continuous output tok/s,
 `ttft_p50_ratio_c<N>` = async / continuous), docs/results/modes.png and a section of
@@ -16,11 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
-import peer  # noqa: E402
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
+from bench import peer
+from bench.common import REPO, RESULTS, versions, write_json, write_section
 
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
+from handler.engine.convert import ensure_default_checkpoint
 
 MODES = ("continuous", "async")
 
@@ -99,7 +98,7 @@ def markdown(r: dict, argv: str) -> str:
     v = r["versions"]
     return f"""## Batching modes: continuousBatching vs asyncCommunication
 
-Command: `.venv/bin/python bench/modes.py {argv}`. {v['machine']}, CPU profile {v.get('cpu_profile')}, torch
+Command: `.venv/bin/python -m bench.modes {argv}`. {v['machine']}, CPU profile {v.get('cpu_profile')}, torch
 {v['torch']}. The same .mar settings and load as bench/peer.py ({r['precision']}, {r['batch_size']} slots, streamed
 `/v1/completions`, greedy, {r['output_tokens']} tokens, `ignore_eos`), one mode at a time. *continuous*: the
 frontend sends every live request back to the worker for each call (a decode step, or a few within

@@ -1,8 +1,8 @@
 """Which storage/compute path is fastest on this CPU profile: the measurements behind
 `dtype: auto` and `packed_weights: auto` (handler/engine/platform.py).
 
-    .venv/bin/python bench/paths.py                      # this CPU's own profile
-    .venv/bin/python bench/paths.py --cpu-profile avx2   # a lower profile this CPU can run
+    .venv/bin/python -m bench.paths                      # this CPU's own profile
+    .venv/bin/python -m bench.paths --cpu-profile avx2   # a lower profile this CPU can run
 
 Two parts, on the default model's real weights, 2 threads unless --threads:
 - several rows (batched decode, prefill): one pass through all 211 projections (30 layers x
@@ -25,15 +25,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section  # noqa: E402
+from bench.common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section
 
-from handler.engine import packed, platform  # noqa: E402
-from handler.engine.checkpoint import load_model, open_checkpoint  # noqa: E402
-from handler.engine.compiled import aot  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.engine.kernels import build, matvec  # noqa: E402
-from handler.engine.linear import Linear  # noqa: E402
+from handler.engine import packed, platform
+from handler.engine.checkpoint import load_model, open_checkpoint
+from handler.engine.compiled import aot
+from handler.engine.convert import ensure_default_checkpoint
+from handler.engine.kernels import build, matvec
+from handler.engine.linear import Linear
 
 ROWS = (1, 2, 4, 8, 16, 32, 128)
 REPEATS = 5  # every time is the best of this many
@@ -169,7 +168,7 @@ Compiled batch-1 decode step (plain weights, one row through each route): {decod
     return f"""## Per CPU profile
 
 What each CPU profile runs by default (`dtype: auto`, `packed_weights: auto`) and why. Command:
-`.venv/bin/python bench/paths.py {argv}` (add `--cpu-profile NAME` for a lower profile of the same
+`.venv/bin/python -m bench.paths {argv}` (add `--cpu-profile NAME` for a lower profile of the same
 machine); each profile's latest run is kept in results/paths.json.
 
 """ + "\n".join(sections) + "\n![paths](results/paths.png)\n"

@@ -3,11 +3,11 @@ on every GGUF type of the same width made from the same weights, the same stream
 systems' /v1/completions, one server at a time; ratios are taken against llama.cpp's fastest type at
 each concurrency.
 
-    .venv/bin/python bench/peer.py                        # every precision: bf16, int8, int4
-    .venv/bin/python bench/peer.py --precisions int4      # ours' int4 against Q4_0, Q4_K_M and Q4_1
-    .venv/bin/python bench/peer.py --model 1b --precisions int4 --concurrency 1 16 --requests 8 32
+    .venv/bin/python -m bench.peer                        # every precision: bf16, int8, int4
+    .venv/bin/python -m bench.peer --precisions int4      # ours' int4 against Q4_0, Q4_K_M and Q4_1
+    .venv/bin/python -m bench.peer --model 1b --precisions int4 --concurrency 1 16 --requests 8 32
                                                           # a 1B-class model: docs/results/peer_1b.json
-    .venv/bin/python bench/peer.py --build-only           # build llama.cpp (once, cached) and stop
+    .venv/bin/python -m bench.peer --build-only           # build llama.cpp (once, cached) and stop
 
 Ours serves the bf16 checkpoint (`quantization: none`; for the default model it is the shipped Q4_1
 file dequantized), the Q8_0 file (`quantization: gguf`) and, for int4, the Q4_0 file llama.cpp serves
@@ -35,19 +35,18 @@ from pathlib import Path
 import psutil
 import yaml
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
-import peer_llamacpp as llamacpp  # noqa: E402
-import peer_models  # noqa: E402
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
-from loadgen import raw, run_load, summarize  # noqa: E402
-from serve import PROMPTS  # noqa: E402
+from bench import peer_llamacpp as llamacpp
+from bench import peer_models
+from bench.common import REPO, RESULTS, versions, write_json, write_section
+from bench.loadgen import raw, run_load, summarize
+from bench.serve import PROMPTS
 
-from handler.build.archive import build_mar  # noqa: E402
-from handler.build.model_config import ServingOptions, handler_config  # noqa: E402
-from handler.engine import platform  # noqa: E402
-from handler.serving.config import HandlerConfig  # noqa: E402
-from handler.torchserve.launch import Ports, free_port, start_torchserve  # noqa: E402
-from handler.typed_config import flag  # noqa: E402
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions, handler_config
+from handler.engine import platform
+from handler.serving.config import HandlerConfig
+from handler.torchserve.launch import Ports, free_port, start_torchserve
+from handler.typed_config import flag
 
 PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
 WIDTH = {"bf16": 16, "int8": 8, "int4": 4}
@@ -356,7 +355,7 @@ def markdown(r: dict, argv: str, out: str) -> str:
                     for k in [label.split()[-1]])
     return f"""## Side by side with llama.cpp at its best (llama-server){title}
 
-Command: `.venv/bin/python bench/peer.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
+Command: `.venv/bin/python -m bench.peer {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), **{v['machine']}**,
 CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on every side: ours serves the bf16 checkpoint
 and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp serves every GGUF type of the same width made from the same

@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import peer_llamacpp as llamacpp
-from common import REPO
+from bench import peer_llamacpp as llamacpp
+from bench.common import REPO
 
 from handler.engine.convert import ensure_default_checkpoint
 

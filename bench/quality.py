@@ -2,7 +2,7 @@
 public-domain prose and two plain paragraphs) and agreement with the bf16 weights, for each
 `quantization` setting of the engine on the default model.
 
-    .venv/bin/python bench/quality.py
+    .venv/bin/python -m bench.quality
 
 Agreement is measured two ways: teacher-forced (on the text, the share of positions whose
 most likely next token equals bf16's) and free-running (greedy continuations of fixed prompts:
@@ -13,19 +13,17 @@ docs/results/quality.json and the Quality section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import versions, write_json, write_section  # noqa: E402
-from serve import PROMPTS  # noqa: E402
+from bench.common import versions, write_json, write_section
+from bench.serve import PROMPTS
 
-from handler.engine.config import EngineConfig  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.engine.factory import build_engine  # noqa: E402
-from handler.engine.sampling import SamplingParams  # noqa: E402
+from handler.engine.config import EngineConfig
+from handler.engine.convert import ensure_default_checkpoint
+from handler.engine.factory import build_engine
+from handler.engine.sampling import SamplingParams
 
 TEXT = Path(__file__).resolve().parent / "data" / "quality.txt"
 VARIANTS = ("none", "int8", "int4", "gguf")
@@ -97,7 +95,7 @@ def markdown(r: dict) -> str:
         for q, v in r["variants"].items())
     return f"""## Quality of quantized weights
 
-`.venv/bin/python bench/quality.py` on {r['versions']['machine']} ({r['versions']['cpu_profile']}): perplexity
+`.venv/bin/python -m bench.quality` on {r['versions']['machine']} ({r['versions']['cpu_profile']}): perplexity
 on `bench/data/quality.txt` ({r['text_tokens']} tokens) and agreement with the bf16 weights (`none`):
 teacher-forced top-1 on that text, and greedy continuations of {r['prompts']} prompts ({r['new_tokens']}
 tokens each). The default model's bf16 checkpoint is itself the dequantized Q4_1 GGUF, so `gguf`

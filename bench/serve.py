@@ -1,8 +1,8 @@
 """Serving benchmark: a concurrency sweep against this handler and, in the same run, against stock
 TorchServe serving the same model through a plain transformers handler.
 
-    .venv/bin/python bench/serve.py
-    .venv/bin/python bench/serve.py --cpu-profile avx2   # both systems under a forced (lower) CPU profile
+    .venv/bin/python -m bench.serve
+    .venv/bin/python -m bench.serve --cpu-profile avx2   # both systems under a forced (lower) CPU profile
 
 Writes docs/results/serve.json (+ raw per-request records), docs/results/serve.png and the
 Serving section of docs/benchmarks.md.
@@ -22,15 +22,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
-from loadgen import raw, run_load, summarize  # noqa: E402
+from bench.common import REPO, RESULTS, versions, write_json, write_section
+from bench.loadgen import raw, run_load, summarize
 
-from handler.build.archive import build_mar  # noqa: E402
-from handler.build.model_config import ServingOptions  # noqa: E402
-from handler.engine import platform  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.torchserve.launch import Ports, start_torchserve  # noqa: E402
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.engine import platform
+from handler.engine.convert import ensure_default_checkpoint
+from handler.torchserve.launch import Ports, start_torchserve
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -242,7 +241,7 @@ def markdown(r: dict, argv: str) -> str:
                   "target >= 1.5).")
     return f"""## Serving (TorchServe, concurrency sweep)
 
-Command: `.venv/bin/python bench/serve.py {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
+Command: `.venv/bin/python -m bench.serve {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 transformers {v.get('transformers')}, {v['machine']}, CPU profile {v.get('cpu_profile')}. Each request asks for {r['output_tokens']} tokens (ours with
 `ignore_eos`, the baseline with `min_new_tokens`), prompts of 10-15 words; a fixed request count per level.
 *ours*: this handler, continuousBatching, batchSize {r['batch_size']}, compiled, bf16, streaming (TTFT = first

@@ -1,6 +1,6 @@
 """Soak run: the default .mar under a long mixed load, then what it leaked.
 
-    .venv/bin/python bench/soak.py [--duration-s 600] [--clients 16] [--compile eager]
+    .venv/bin/python -m bench.soak [--duration-s 600] [--clients 16] [--compile eager]
 
 A real TorchServe (token auth on) serves the default model, compiled (it waits until compiled
 speed arrived, so the eager-to-compiled switch is not counted as growth). 16 closed-loop clients
@@ -27,14 +27,13 @@ from pathlib import Path
 import psutil
 import requests
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # this checkout's handler
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
-from soak_client import Api, KINDS, Result, one_request  # noqa: E402
+from bench.common import REPO, RESULTS, versions, write_json, write_section
+from bench.soak_client import Api, KINDS, Result, one_request
 
-from handler.build.archive import build_mar  # noqa: E402
-from handler.build.model_config import ServingOptions  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.engine.convert import ensure_default_checkpoint
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 
 MODEL = "llm"
 CHECKPOINT = REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
@@ -104,7 +103,7 @@ def soak(args: argparse.Namespace, ts: TorchServe) -> dict:
     baseline = next(b for s, b in rss if s >= args.warmup_s)
     errors = [r for r in results if r.outcome == "server_error"]
     return {
-        "command": ".venv/bin/python bench/soak.py" + (f" --compile {args.compile}" if args.compile != "default" else ""),
+        "command": ".venv/bin/python -m bench.soak" + (f" --compile {args.compile}" if args.compile != "default" else ""),
         "versions": versions(), "compile": args.compile, "clients": args.clients,
         "duration_s": args.duration_s, "warmup_s": args.warmup_s, "kind_weights": KINDS,
         "requests": len(results),

@@ -1,6 +1,6 @@
 """Startup benchmark: wall time from starting TorchServe to the first successful prediction.
 
-    .venv/bin/python bench/startup.py
+    .venv/bin/python -m bench.startup
 
 Three replicas of the default model, each with an empty Inductor cache (TORCHINDUCTOR_CACHE_DIR):
   eager  `compile: eager`.
@@ -35,20 +35,18 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from common import REPO, RESULTS, versions, write_json, write_section  # noqa: E402
-from loadgen import run_load, summarize  # noqa: E402
+from bench.common import REPO, RESULTS, versions, write_json, write_section
+from bench.loadgen import run_load, summarize
 
-from handler.build.archive import build_mar  # noqa: E402
-from handler.build.model_config import ServingOptions  # noqa: E402
-from handler.build.precompile import key_for_mar  # noqa: E402
-from handler.cache import S3Store, make_s3_client, publish_if_new  # noqa: E402
-from handler.cache.key import KEY_FILE_NAME  # noqa: E402
-from handler.cache.sync import restore_in_background  # noqa: E402
-from handler.engine.convert import ensure_default_checkpoint  # noqa: E402
-from handler.torchserve.launch import Ports, TorchServe, start_torchserve  # noqa: E402
-from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server  # noqa: E402
+from handler.build.archive import build_mar
+from handler.build.model_config import ServingOptions
+from handler.build.precompile import key_for_mar
+from handler.cache import S3Store, make_s3_client, publish_if_new
+from handler.cache.key import KEY_FILE_NAME
+from handler.cache.sync import restore_in_background
+from handler.engine.convert import ensure_default_checkpoint
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve
+from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
 
 PROMPT = "Write a short story about a robot who learns to paint."
 TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2, "cold_first_answer_over_eager": 1.5,
@@ -243,7 +241,7 @@ def main() -> None:
     runs = result["runs"]
     result.update({
         "model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "max_batch_size": 16, "max_seq_len": 2048,
-        "versions": versions(), "command": ".venv/bin/python bench/startup.py " + " ".join(sys.argv[1:]),
+        "versions": versions(), "command": ".venv/bin/python -m bench.startup " + " ".join(sys.argv[1:]),
         "warm_over_cold": runs["warm"]["ready_s"] / runs["cold"]["ready_s"],
         "warm_over_eager": runs["warm"]["ready_s"] / runs["eager"]["ready_s"], "targets": TARGETS,
         # serving at compiled speed, over the eager replica's ready time

@@ -20,9 +20,9 @@ DEFAULT_CHAOS = Path("docs/results/chaos.json")
 
 # The command that writes each file, named in every error about it.
 PRODUCERS = {
-    "serve": "bench/serve.py",
-    "startup": "bench/startup.py",
-    "chaos": "bench/chaos.py",
+    "serve": "python -m bench.serve",
+    "startup": "python -m bench.startup",
+    "chaos": "python -m bench.chaos",
 }
 
 

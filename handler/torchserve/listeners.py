@@ -3,7 +3,7 @@
 Why: the JVM's shutdown hook closes its listeners ~30 ms after SIGTERM and then closes every
 open connection within ~20 ms more. A request that connected in that window was accepted and
 then reset before the worker's answer (the drain's 503) came back: the client cannot tell it
-never ran (measured in bench/chaos.py: 2-9 such requests a run with 32 clients sending).
+never ran (measured in bench/chaos/: 2-9 such requests a run with 32 clients sending).
 Closing the listeners first, while the JVM still runs, turns every later connect into
 "connection refused" (provably not executed, retryable), and lets the connections already
 accepted be answered before SIGTERM.

@@ -2,14 +2,9 @@
 of OpenAI server-sent events."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import loadgen  # noqa: E402
-import peer  # noqa: E402
+from bench import loadgen, peer
 
 
 def runs(*levels: tuple[int, float, float, float]) -> dict:

@@ -78,7 +78,7 @@ def test_missing_results_file_is_a_clear_error(results_dir, capsys) -> None:
     (results_dir / "chaos.json").unlink()
     assert cli.main(argv(results_dir)) == 2
     err = capsys.readouterr().err
-    assert "chaos.json does not exist; run `bench/chaos.py` first" in err
+    assert "chaos.json does not exist; run `python -m bench.chaos` first" in err
 
 
 def test_unmet_slo_is_a_clear_error(results_dir, capsys) -> None:

@@ -33,13 +33,13 @@ def test_default_paths_and_the_message_for_a_file_without_ours(
     monkeypatch.chdir(results_dir.parent.parent)
     with pytest.raises(ResultsError) as err:
         results.load_benchmarks()
-    assert str(err.value) == "docs/results/serve.json has no 'ours' run; run `bench/serve.py` first"
+    assert str(err.value) == "docs/results/serve.json has no 'ours' run; run `python -m bench.serve` first"
 
 
 def test_missing_file(results_dir: Path) -> None:
     (results_dir / "startup.json").unlink()
     with pytest.raises(
-        ResultsError, match=r"startup.json does not exist; run `bench/startup.py` first"
+        ResultsError, match=r"startup.json does not exist; run `python -m bench.startup` first"
     ):
         load(results_dir)
 
@@ -66,9 +66,9 @@ def test_missing_file(results_dir: Path) -> None:
 def test_missing_or_mistyped_key(results_dir, edit_json, name, change, expected) -> None:
     edit_json(results_dir / name, change)
     producer = {
-        "serve.json": "bench/serve.py",
-        "startup.json": "bench/startup.py",
-        "chaos.json": "bench/chaos.py",
+        "serve.json": "python -m bench.serve",
+        "startup.json": "python -m bench.startup",
+        "chaos.json": "python -m bench.chaos",
     }[name]
     with pytest.raises(ResultsError) as err:
         load(results_dir)

@@ -12,7 +12,7 @@ other ts_llm ops; the schema and fake are defined here with the low-level Librar
 Decode batches (a few rows, one per sequence) take it too where the alternative is oneDNN's float32
 copy of the weights (AVX2: no bf16 arithmetic): it reads bf16's bytes once for every row, four rows
 per widened weight; all 211 projections at 4 rows took 14.8 ms against the copy's 40.0, at 16 rows
-43.3 against 59.4, at 32 81.7 against 79.1 (`bench/paths.py --cpu-profile avx2`, 2 threads): hence
+43.3 against 59.4, at 32 81.7 against 79.1 (`python -m bench.paths --cpu-profile avx2`, 2 threads): hence
 MAX_BATCH. Where oneDNN has bf16 kernels its packed bf16 copy stays: on AMX it took 14.6-14.8 ms at
 2-4 rows against the kernel's 12.0-13.7 but 15.2 against 37.7 at 16, and one compiled graph serves
 every batch size. Prefill chunks (many rows) keep the copy everywhere."""

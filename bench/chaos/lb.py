@@ -2,7 +2,7 @@
 
 Each replica is a TorchServe with its own sidecar and metadata emulator, token auth off as in
 the Kubernetes config (a balancer cannot know each replica's random key). HAProxy checks each
-sidecar's `/ready` and retries only what provably never ran (bench/chaos_haproxy.py). N
+sidecar's `/ready` and retries only what provably never ran (bench/chaos/haproxy.py). N
 closed-loop clients send to HAProxy and never retry: every request that does not complete is a
 failure the client saw. Replica r0 gets the notice, drains and stops; r1 carries the load.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import requests
 
-from chaos_haproxy import Backend, HAProxy, ensure_installed
-from chaos_load import Load, Record, Target
-from chaos_replica import MODEL, build_archive, raise_spot_notice, replica_with_sidecar
-from chaos_timeline import Sample, Sampler
+from bench.chaos.haproxy import Backend, HAProxy, ensure_installed
+from bench.chaos.load import Load, Record, Target
+from bench.chaos.replica import MODEL, build_archive, raise_spot_notice, replica_with_sidecar
+from bench.chaos.timeline import Sample, Sampler
 
 from handler.testing.metadata_emulator import MetadataEmulator
 

@@ -1,6 +1,6 @@
 """Chaos run: a spot interruption under sustained load, then a worker killed mid-load.
 
-    .venv/bin/python bench/chaos.py [--clients 32] [--deadline-s 30] [--compile eager]
+    .venv/bin/python -m bench.chaos [--clients 32] [--deadline-s 30] [--compile eager]
 
 Phase 1 (spot): TorchServe serves an eager .mar built with a drain flag; `ts-llm-sidecar
 watch` runs beside it against the metadata emulator, with moto's S3 as the compile-cache store.
@@ -13,7 +13,7 @@ Phase 2 (worker kill): a fresh TorchServe + sidecar under the same load; the mod
 SIGKILLed; what the clients saw, and how long until a worker is READY and a request succeeds.
 
 Phase 3 (load balancer): two replicas behind HAProxy (installed when missing), a spot notice on
-one, clients that never retry: every failure is one they saw (bench/chaos_lb.py).
+one, clients that never retry: every failure is one they saw (bench/chaos/lb.py).
 
 Writes docs/results/chaos.json, docs/results/chaos.png and docs/chaos.md.
 """
@@ -31,13 +31,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos_lb import lb_phase
-from chaos_load import Load, Record, Target, as_rows
-from chaos_replica import (BUCKET, MODEL, PREFIX, Sidecar, build_archive, published_objects,
-                           raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
-                           write_compile_cache)
-from chaos_report import write_outputs
-from chaos_timeline import Sample, Sampler
+from bench.chaos.lb import lb_phase
+from bench.chaos.load import Load, Record, Target, as_rows
+from bench.chaos.replica import (BUCKET, MODEL, PREFIX, Sidecar, build_archive, published_objects,
+                                 raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
+                                 write_compile_cache)
+from bench.chaos.report import write_outputs
+from bench.chaos.timeline import Sample, Sampler
+from bench.common import REPO
 
 from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.errors import TorchServeError
@@ -45,7 +46,6 @@ from handler.torchserve.launch import TorchServe
 from handler.testing.metadata_emulator import MetadataEmulator
 from handler.testing.moto import MotoServer
 
-REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 
 
@@ -79,7 +79,7 @@ class KillPhase:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--deadline-s", type=float, default=30.0, help="spot notice to deadline")
     p.add_argument("--warmup-s", type=float, default=15.0, help="load before the notice/kill")

@@ -9,12 +9,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from chaos_load import LOST, REFUSED, Record, outcome_counts
-from chaos_timeline import Sample, client_curves
+from bench.chaos.load import LOST, REFUSED, Record, outcome_counts
+from bench.chaos.timeline import Sample, client_curves
+from bench.common import REPO, RESULTS
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "docs" / "results"
-COMMAND = ".venv/bin/python bench/chaos.py"
+COMMAND = ".venv/bin/python -m bench.chaos"
 
 
 def write_outputs(args: argparse.Namespace, spot: Any, kill: Any, lb: Any) -> dict[str, Any]:

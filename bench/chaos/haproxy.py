@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from chaos_replica import stop_process
+from bench.chaos.replica import stop_process
 from handler.torchserve.launch import free_port
 
 

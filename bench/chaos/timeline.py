@@ -7,8 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from chaos_load import Record
-from chaos_replica import Sidecar
+from bench.chaos.load import Record
+from bench.chaos.replica import Sidecar
 
 
 @dataclass
