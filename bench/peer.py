@@ -38,8 +38,7 @@ import yaml
 from bench import peer_llamacpp as llamacpp
 from bench import peer_models
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.loadgen import raw, run_load, summarize
-from bench.serve import PROMPTS
+from bench.load import PROMPTS, as_rows, run_load, summarize
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions, handler_config
@@ -126,7 +125,7 @@ def measure(system: str, label: str, url: str, headers: dict, args) -> list[dict
         summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
         runs.append(summary)
         (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
-        (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{conc}.json").write_text(json.dumps(raw(records)))
+        (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{conc}.json").write_text(json.dumps(as_rows(records)))
         print(f"{system} {label} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
               f"{_fmt(summary['ttft_p50_s'])}/{_fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
               f"{_fmt(summary['itl_p50_s'], 1e3, 1)}/{_fmt(summary['itl_p99_s'], 1e3, 1)} ms, "

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bench.common import versions, write_json, write_section
-from bench.serve import PROMPTS
+from bench.load import PROMPTS
 
 from handler.engine.config import EngineConfig
 from handler.engine.convert import ensure_default_checkpoint

@@ -23,25 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.loadgen import raw, run_load, summarize
+from bench.load import PROMPTS, as_rows, run_load, summarize
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
 from handler.engine import platform
 from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.launch import Ports, start_torchserve
-
-PROMPTS = [
-    "Write a short story about a robot who learns to paint.",
-    "Explain how a bicycle stays upright while moving.",
-    "List some tips for keeping houseplants healthy.",
-    "What are the main differences between a lake and a sea?",
-    "Describe the water cycle to a ten-year-old.",
-    "Give me a recipe idea that uses rice, eggs and spinach.",
-    "Why do cats purr? Answer in a few sentences.",
-    "Summarize the plot of a mystery novel set on a train.",
-]
-
 
 # Structured output at the same output length as the free requests: a string of at least 200
 # characters cannot close within 32 tokens, so each constrained request also runs to the limit.
@@ -111,7 +99,7 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
             summary = {"system": system, "concurrency": conc, **summarize(records)}
             runs.append(summary)
             (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
-            (RESULTS / "raw" / f"serve_{system}_c{conc}.json").write_text(json.dumps(raw(records)))
+            (RESULTS / "raw" / f"serve_{system}_c{conc}.json").write_text(json.dumps(as_rows(records)))
             print(f"{system} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, p99 TTFT {summary['ttft_p99_s']:.2f} s, "
                   f"errors {summary['errors']}", flush=True)
         if system == "ours" and args.schema_concurrency:

@@ -5,7 +5,7 @@
 A real TorchServe (token auth on) serves the default model, compiled (it waits until compiled
 speed arrived, so the eager-to-compiled switch is not counted as growth). 16 closed-loop clients
 send streamed, whole, OpenAI chat, malformed and disconnect-mid-stream requests
-(bench/soak_client.py) for the duration. The worker's RSS is sampled throughout; after a warm-up
+(bench/soak_kinds.py, sent by bench/load.py) for the duration. The worker's RSS is sampled throughout; after a warm-up
 the first sample is the baseline, and the last is taken once the load stopped. Then one probe
 request runs and the handler's `ts_llm_requests_running` gauge must read 0: a slot still held by
 a finished, cut or abandoned request is a leak.
@@ -16,10 +16,8 @@ Writes docs/results/soak.json (`server_errors`, `rss_growth_fraction`, `slots_le
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,7 +26,8 @@ import psutil
 import requests
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.soak_client import Api, KINDS, Result, one_request
+from bench.load import ClosedLoop
+from bench.soak_kinds import KINDS, Api, sender
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
@@ -76,27 +75,14 @@ def main() -> int:
 def soak(args: argparse.Namespace, ts: TorchServe) -> dict:
     worker = psutil.Process(worker_pid(ts))
     api = Api(f"{ts.inference_url}/predictions/{MODEL}", ts.headers())
-    results: list[Result] = []
-    lock, stop = threading.Lock(), threading.Event()
-
-    def client(seed: int) -> None:
-        rng = random.Random(seed)
-        while not stop.is_set():
-            result = one_request(api, rng)
-            with lock:
-                results.append(result)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
     t0 = time.time()
-    for t in threads:
-        t.start()
+    load = ClosedLoop(args.clients, sender(api)).start()
     rss = []  # [seconds since start, bytes]
     while time.time() - t0 < args.duration_s:
         rss.append([round(time.time() - t0, 1), worker.memory_info().rss])
         time.sleep(args.sample_s)
-    stop.set()
-    for t in threads:
-        t.join(timeout=180)
+    load.stop(timeout_s=180)
+    results = load.snapshot()
     time.sleep(2.0)
     rss.append([round(time.time() - t0, 1), worker.memory_info().rss])
     running = running_after_probe(ts, api)
@@ -109,9 +95,9 @@ def soak(args: argparse.Namespace, ts: TorchServe) -> dict:
         "requests": len(results),
         "by_kind": {kind: dict(Counter(r.outcome for r in results if r.kind == kind)) for kind in KINDS},
         "server_errors": len(errors),
-        "server_error_samples": sorted({f"{r.kind}: {r.status} {r.detail}"[:200] for r in errors})[:8],
+        "server_error_samples": sorted({f"{r.kind}: {r.status} {r.error}"[:200] for r in errors})[:8],
         "not_refused": sum(1 for r in results if r.outcome == "not_refused"),
-        "malformed_statuses": dict(Counter(f"{r.status} {r.detail}" for r in results if r.kind == "malformed")),
+        "malformed_statuses": dict(Counter(f"{r.status} {r.error}" for r in results if r.kind == "malformed")),
         "worker_pid_unchanged": worker.is_running() and worker.pid == worker_pid(ts),
         "rss_baseline_bytes": baseline, "rss_end_bytes": rss[-1][1],
         "rss_growth_fraction": rss[-1][1] / baseline - 1, "rss_samples": rss,
@@ -168,7 +154,7 @@ Command: `{r['command']}` ({r['duration_s']:.0f} s, {r['clients']} closed-loop c
 CPU profile {v['cpu_profile']}, torch {v['torch']}, torchserve {v.get('torchserve')}; the default `.mar`
 ({'compiled' if r['compile'] == 'default' else 'eager'}), token auth on. Each request is streamed (native),
 whole (native), OpenAI chat (streamed), malformed (must get a 4xx) or abandoned mid-stream by its client
-(`bench/soak_client.py`).
+(`bench/soak_kinds.py`).
 
 | kind | sent | ok | server errors | malformed not refused |
 |---|---|---|---|---|

@@ -36,7 +36,7 @@ from pathlib import Path
 import requests
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.loadgen import run_load, summarize
+from bench.load import PROMPTS, run_load, summarize
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
@@ -48,7 +48,7 @@ from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
 
-PROMPT = "Write a short story about a robot who learns to paint."
+PROMPT = PROMPTS[0]
 TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2, "cold_first_answer_over_eager": 1.5,
            "cold_compiled_seconds": 150, "warm_compiled_over_eager": 1.5}
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import requests
 
 from bench.chaos.haproxy import Backend, HAProxy, ensure_installed
-from bench.chaos.load import Load, Record, Target
+from bench.chaos.outcomes import Target, sender
 from bench.chaos.replica import MODEL, build_archive, raise_spot_notice, replica_with_sidecar
 from bench.chaos.timeline import Sample, Sampler
+from bench.load import ClosedLoop, Record
 
 from handler.testing.metadata_emulator import MetadataEmulator
 
@@ -78,8 +79,8 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar, 
     sampler = Sampler(sidecar).start()
     watch = _DownWatch(haproxy, NOTICED).start()
     # A refused request counts as failed here: the client sends its next one after the pause.
-    load = Load(Target(f"{haproxy.url}/predictions/{MODEL}", lambda: {}), args.clients, seed=2,
-                tokens=tuple(args.tokens)).start()
+    target = Target(f"{haproxy.url}/predictions/{MODEL}", lambda: {})
+    load = ClosedLoop(args.clients, sender(target, tuple(args.tokens)), seed=2).start()
     try:
         time.sleep(args.warmup_s)
         phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, f" on {NOTICED} behind HAProxy")

@@ -9,9 +9,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench.chaos.load import LOST, REFUSED, Record, outcome_counts
+from bench.chaos.outcomes import LOST, REFUSED, outcome_counts
 from bench.chaos.timeline import Sample, client_curves
 from bench.common import REPO, RESULTS
+from bench.load import Record
 
 COMMAND = ".venv/bin/python -m bench.chaos"
 

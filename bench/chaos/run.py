@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chaos.lb import lb_phase
-from bench.chaos.load import Load, Record, Target, as_rows
+from bench.chaos.outcomes import Target, sender
 from bench.chaos.replica import (BUCKET, MODEL, PREFIX, Sidecar, build_archive, published_objects,
                                  raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
                                  write_compile_cache)
 from bench.chaos.report import write_outputs
 from bench.chaos.timeline import Sample, Sampler
 from bench.common import REPO
+from bench.load import ClosedLoop, Record, as_rows
 
 from handler.engine.convert import ensure_default_checkpoint
 from handler.torchserve.errors import TorchServeError
@@ -154,7 +155,7 @@ def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: Mo
 def run_spot(args: argparse.Namespace, phase: SpotPhase, ts: TorchServe, sidecar: Sidecar,
              emulator: MetadataEmulator) -> None:
     sampler = Sampler(sidecar).start()
-    load = Load(target(ts), args.clients, tokens=tuple(args.tokens)).start()
+    load = ClosedLoop(args.clients, sender(target(ts), tuple(args.tokens))).start()
     try:
         time.sleep(args.warmup_s)
         phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, "")
@@ -192,7 +193,7 @@ def kill_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path) ->
 def run_kill(args: argparse.Namespace, phase: KillPhase, ts: TorchServe,
              sidecar: Sidecar) -> None:
     sampler = Sampler(sidecar).start()
-    load = Load(target(ts), args.clients, seed=1, tokens=tuple(args.tokens)).start()
+    load = ClosedLoop(args.clients, sender(target(ts), tuple(args.tokens)), seed=1).start()
     try:
         time.sleep(args.warmup_s)
         phase.killed_pid = worker_pid(ts)
@@ -222,7 +223,7 @@ def worker_ready_again(ts: TorchServe, old_pid: int) -> bool:
     return any(w.status == "READY" and int(w.pid or 0) != old_pid for w in workers)
 
 
-def first_success(load: Load, since: float) -> float | None:
+def first_success(load: ClosedLoop, since: float) -> float | None:
     done = [r.end for r in load.snapshot() if r.start >= since and r.outcome == "completed"]
     return min(done) if done else None
 

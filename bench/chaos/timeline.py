@@ -7,8 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bench.chaos.load import Record
 from bench.chaos.replica import Sidecar
+from bench.load import Record
 
 
 @dataclass

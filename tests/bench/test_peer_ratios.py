@@ -1,10 +1,10 @@
-"""bench/peer.py's ratios (pure arithmetic) and its --handler-set reading, and loadgen's reading
+"""bench/peer.py's ratios (pure arithmetic) and its --handler-set reading, and the load client's reading
 of OpenAI server-sent events."""
 from __future__ import annotations
 
 import pytest
 
-from bench import loadgen, peer
+from bench import load, peer
 
 
 def runs(*levels: tuple[int, float, float, float]) -> dict:
@@ -48,11 +48,11 @@ def test_server_sent_events_content_usage_and_done() -> None:
     text = b'data: {"choices": [{"index": 0, "text": "Hi", "finish_reason": null}]}'
     empty = b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}'
     usage = b'data: {"choices": [], "usage": {"completion_tokens": 32}}'
-    assert loadgen._event(text) == ({"choices": [{"index": 0, "text": "Hi", "finish_reason": None}]}, True)
-    assert loadgen._event(empty)[1] is False
-    assert loadgen._event(usage) == ({"choices": [], "usage": {"completion_tokens": 32}}, False)
-    assert loadgen._event(b"data: [DONE]") == (None, False)
-    assert loadgen._event(b'{"text": "", "finish_reason": "length"}')[1] is True  # native NDJSON: every line
+    assert load._event(text) == ({"choices": [{"index": 0, "text": "Hi", "finish_reason": None}]}, True)
+    assert load._event(empty)[1] is False
+    assert load._event(usage) == ({"choices": [], "usage": {"completion_tokens": 32}}, False)
+    assert load._event(b"data: [DONE]") == (None, False)
+    assert load._event(b'{"text": "", "finish_reason": "length"}')[1] is True  # native NDJSON: every line
 
 
 def test_handler_settings_read_their_values_as_yaml() -> None:

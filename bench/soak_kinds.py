@@ -1,5 +1,5 @@
-"""The soak run's clients: each request is one of five kinds, and its outcome is judged from
-the client's side only.
+"""The soak run's requests (bench/load.py's ClosedLoop sends them): each is one of five kinds,
+and its outcome is judged from the client's side only.
 
     stream      native API, streamed: 200 and a last NDJSON line with a finish_reason
     whole       native API, one JSON body with a finish_reason
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import dataclass
 
 import requests
 
+from bench.load import PROMPTS, Record, Send, finished
+
 KINDS = {"stream": 0.3, "whole": 0.25, "chat": 0.2, "malformed": 0.15, "disconnect": 0.1}
-PROMPTS = ("Tell me about lighthouses.", "Write a haiku about the sea.", "List three colours.",
-           "Explain what a spot instance is.", "Describe a cat in one sentence.")
 # (what is wrong, route, raw body): each must get a 4xx.
 MALFORMED = (
     ("not JSON", "", b"{prompt: hi"),
@@ -35,16 +34,6 @@ MALFORMED = (
 )
 
 
-@dataclass
-class Result:
-    kind: str
-    start: float
-    end: float
-    status: int | None
-    outcome: str  # ok | server_error | not_refused
-    detail: str = ""
-
-
 @dataclass(frozen=True)
 class Api:
     url: str  # .../predictions/llm
@@ -52,14 +41,19 @@ class Api:
     timeout_s: float = 120.0
 
 
-def one_request(api: Api, rng: random.Random) -> Result:
-    kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
-    start = time.time()
-    try:
-        status, outcome, detail = SENDERS[kind](api, rng)
-    except requests.RequestException as err:
-        status, outcome, detail = None, "server_error", f"{type(err).__name__}: {str(err)[:160]}"
-    return Result(kind, start, time.time(), status, outcome, detail)
+def sender(api: Api) -> Send:
+    """A kind drawn by KINDS' weights; the outcome is ok, server_error or not_refused, and the
+    record's error says what went wrong (for a malformed request: its fault, refused or not)."""
+
+    def send(record: Record, rng: random.Random) -> float:
+        record.kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        try:
+            record.status, record.outcome, record.error = SENDERS[record.kind](api, rng)
+        except requests.RequestException as err:
+            record.outcome, record.error = "server_error", f"{type(err).__name__}: {str(err)[:160]}"
+        return 0.0
+
+    return send
 
 
 def _native(api: Api, rng: random.Random, stream: bool) -> tuple[int, str, str]:
@@ -68,9 +62,9 @@ def _native(api: Api, rng: random.Random, stream: bool) -> tuple[int, str, str]:
         payload = r.content
     if r.status_code != 200:
         return r.status_code, "server_error", payload[:160].decode(errors="replace")
-    lines = [line for line in payload.decode().splitlines() if line.strip()]
-    finished = bool(lines) and json.loads(lines[-1]).get("finish_reason") is not None
-    return 200, "ok" if finished else "server_error", "" if finished else f"no finish_reason: {payload[-160:]!r}"
+    if finished(payload, stream):
+        return 200, "ok", ""
+    return 200, "server_error", f"no finish_reason: {payload[-160:]!r}"
 
 
 def _stream(api: Api, rng: random.Random) -> tuple[int, str, str]:
