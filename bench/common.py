@@ -78,7 +78,9 @@ def write_section(key: str, markdown: str) -> None:
     """Replace this benchmark's section of docs/benchmarks.md (between its markers), or append it."""
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
     block = f"{begin}\n{markdown.strip()}\n{end}"
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n\nEvery number here was measured by the command shown with it; ratios are measured side by side in one run.\n"
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else (
+        "# Benchmarks\n\nEvery number here was measured by the command shown with it; ratios are measured side by side"
+        " in one run.\n")
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     BENCHMARKS_MD.write_text(text)

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from bench.common import RESULTS, best_seconds, previous_profiles, sync, versions, write_json, write_section
-
 from handler.engine import platform
 from handler.engine.config import EngineConfig
 from handler.engine.convert import ensure_default_checkpoint
@@ -244,21 +243,26 @@ def markdown(r: dict, argv: str, out: str) -> str:
     return f"""## Engine (decode tokens/s, {r['dtype']}, {r['device']})
 
 Command: `.venv/bin/python -m bench.engine {argv}`. Versions: torch {v['torch']}, transformers {v.get('transformers')},
-Python {v['python']}, {v['machine']}, CPU profile {v.get('cpu_profile')} (engine path `{r.get('engine_path')}`), {v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
-prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each number is the best of {REPEATS} runs. `hf_eager` is transformers `generate` in the same dtype.
+Python {v['python']}, {v['machine']}, CPU profile {v.get('cpu_profile')} (engine path `{r.get('engine_path')}`), \
+{v['threads']} threads. {r['new_tokens']} new tokens per sequence, greedy,
+prompt of {r['prompt_tokens']} tokens; decode time excludes the prefill; each number is the best of {REPEATS} runs. \
+`hf_eager` is transformers `generate` in the same dtype.
 
 | variant | """ + " | ".join(f"batch {b}" for b in r["batches"]) + " | compile s |\n|---|" + "---|" * (len(r["batches"]) + 1) + f"""
 {rows}
 
 - Measured read bandwidth {r['memory_bandwidth_gb_s']:.1f} GB/s; {r['weight_bytes_per_token'] / 1e6:.0f} MB of weights per
   batch-1 step, so the roofline is {r['roofline_tokens_per_s_bs1']:.0f} tokens/s.
-- Measured {r.get('peak_matmul_dtype', r['dtype'])} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 products): at 2 FLOPs per weight per
+- Measured {r.get('peak_matmul_dtype', r['dtype'])} matmul peak {r['peak_matmul_gflops']:.0f} GFLOP/s (2048x2048 \
+products): at 2 FLOPs per weight per
   token, no batch size decodes faster than {r['compute_roofline_tokens_per_s']:.0f} tokens/s on this machine (the compute roofline;
-  transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it, so 4x transformers would be
+  transformers at batch {last} reaches {tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it, so \
+4x transformers would be
   {4 * tps['hf_eager'][str(last)] / r['compute_roofline_tokens_per_s']:.0%} of it).
 - Headline ({r['headline_variant']}): **{r[f'speedup_vs_hf_bs{first}']:.2f}x** transformers at batch {first},
   **{r[f'speedup_vs_hf_bs{last}']:.2f}x** at batch {last}, **{100 * r['roofline_fraction_bs1']:.0f}%** of the batch-1 roofline of its own
-  weights' bytes (per variant, MB per batch-1 step: {', '.join(f"{k} {b / 1e6:.0f}" for k, b in r.get('weight_bytes_per_token_by_variant', {}).items())}).
+  weights' bytes (per variant, MB per batch-1 step: \
+{', '.join(f"{k} {b / 1e6:.0f}" for k, b in r.get('weight_bytes_per_token_by_variant', {}).items())}).
 
 ![engine](results/{out}.png)
 
@@ -274,9 +278,9 @@ def _profile_row(name: str, p: dict) -> str:
     largest = max((k for k in p if k.startswith("speedup_vs_hf_bs") and k != "speedup_vs_hf_bs1"),
                   key=lambda k: int(k.removeprefix("speedup_vs_hf_bs")), default=None)
     forced = " (forced)" if p.get("forced") else ""
+    at_largest = f"{p[largest]:.2f}x (bs{largest.removeprefix('speedup_vs_hf_bs')})" if largest else "-"
     return (f"| {name}{forced} | {p.get('machine')} | {p.get('date')} | `{p.get('engine_path')}` | "
-            f"{p.get('speedup_vs_hf_bs1', 0):.2f}x | " + (f"{p[largest]:.2f}x (bs{largest.removeprefix('speedup_vs_hf_bs')})" if largest else "-")
-            + f" | {100 * p.get('roofline_fraction_bs1', 0):.0f}% |")
+            f"{p.get('speedup_vs_hf_bs1', 0):.2f}x | {at_largest} | {100 * p.get('roofline_fraction_bs1', 0):.0f}% |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import torch
 
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO
-
 from handler.engine.quant.gguf_file import BLOCKS, read_directory, read_rows
 
 OUT = REPO / "tests" / "fixtures" / "gguf_blocks.gguf"

@@ -42,7 +42,6 @@ import torch
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.quality import all_logits
-
 from handler.build.gguf_checkpoint import stage_gguf
 from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES
 from handler.engine.config import EngineConfig

@@ -18,7 +18,6 @@ import requests
 
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO
-
 from handler.engine.convert import fetch_default_gguf
 from handler.torchserve.launch import free_port
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from bench.common import REPO, versions, write_json, write_section
-
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.grammar import ANY_OBJECT, Grammars, schema_text

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from bench import peer
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-
 from handler.engine.convert import ensure_default_checkpoint
 
 MODES = ("continuous", "async")

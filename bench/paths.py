@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section
-
 from handler.engine import packed, platform
 from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.compiled import aot

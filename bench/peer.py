@@ -35,11 +35,9 @@ from pathlib import Path
 import psutil
 import yaml
 
-from bench import peer_llamacpp as llamacpp
-from bench import peer_models
+from bench import peer_llamacpp as llamacpp, peer_models
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, as_rows, run_load, summarize
-
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions, handler_config
 from handler.engine import platform
@@ -357,7 +355,8 @@ def markdown(r: dict, argv: str, out: str) -> str:
 Command: `.venv/bin/python -m bench.peer {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), **{v['machine']}**,
 CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on every side: ours serves the bf16 checkpoint
-and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp serves every GGUF type of the same width made from the same
+and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp \
+serves every GGUF type of the same width made from the same
 weights by `llama-quantize`, and each ratio is ours against the **fastest** of them at that concurrency. Both get the
 same streamed `/v1/completions` requests, one server at a time: greedy, {r['output_tokens']} tokens each
 (`ignore_eos`), prompts of 10-15 words, a fixed request count per level. TTFT = first streamed content, client side;

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO
-
 from handler.engine.convert import ensure_default_checkpoint
 
 CHECKPOINTS = REPO / "artifacts" / "checkpoints"

@@ -19,7 +19,6 @@ import torch
 
 from bench.common import versions, write_json, write_section
 from bench.load import PROMPTS
-
 from handler.engine.config import EngineConfig
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.factory import build_engine
@@ -83,7 +82,7 @@ def main() -> None:
             "teacher_forced_top1_agreement": float((r["argmax"] == ref["argmax"]).float().mean()),
             "greedy_token_agreement": sum(same) / (len(same) * args.new_tokens),
             "greedy_identical_continuations": sum(s == args.new_tokens for s in same)}
-        print(q, {k: v for k, v in result["variants"][q].items()}, flush=True)
+        print(q, dict(result["variants"][q]), flush=True)
     write_json("quality.json", result)
     write_section("quality", markdown(result))
 

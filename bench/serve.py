@@ -24,7 +24,6 @@ from pathlib import Path
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, as_rows, run_load, summarize
-
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
 from handler.engine import platform
@@ -89,10 +88,13 @@ def sweep(system: str, checkpoint: Path, args, tmp: Path) -> list[dict]:
     store = tmp / system / "model_store"
     (build_ours if system == "ours" else build_baseline)(checkpoint, store, args)
     runs = []
+
+    def bodies(n: int) -> list[dict]:
+        return [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": args.output_tokens,
+                 **({"ignore_eos": True} if system == "ours" else {})} for i in range(n)]
+
     with serving(store, tmp / system / "work", compiled=system == "ours") as ts:
         url = f"{ts.inference_url}/predictions/llm"
-        bodies = lambda n: [{"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": args.output_tokens,
-                             **({"ignore_eos": True} if system == "ours" else {})} for i in range(n)]
         run_load(url, ts.headers(), bodies(2), 1, system == "ours")  # warm-up, not recorded
         for conc, n in zip(args.concurrency, args.requests):
             records = run_load(url, ts.headers(), bodies(n), conc, stream=system == "ours")
@@ -207,7 +209,8 @@ def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
 
 def markdown(r: dict, argv: str) -> str:
     rows = "\n".join(
-        f"| {x['system']}{' (' + x['variant'] + ')' if 'variant' in x else ''} | {x['concurrency']} | {x['requests']} | {x['errors']} | {x['request_throughput']:.2f} | "
+        f"| {x['system']}{' (' + x['variant'] + ')' if 'variant' in x else ''} | {x['concurrency']} | {x['requests']} | "
+        f"{x['errors']} | {x['request_throughput']:.2f} | "
         f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
         f"{_fmt(x['itl_p50_s'], 1000, 0)} / {_fmt(x['itl_p99_s'], 1000, 0)} | {_fmt(x['e2e_p50_s'])} / {_fmt(x['e2e_p99_s'])} |"
         for x in r["runs"])
@@ -230,7 +233,8 @@ def markdown(r: dict, argv: str) -> str:
     return f"""## Serving (TorchServe, concurrency sweep)
 
 Command: `.venv/bin/python -m bench.serve {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
-transformers {v.get('transformers')}, {v['machine']}, CPU profile {v.get('cpu_profile')}. Each request asks for {r['output_tokens']} tokens (ours with
+transformers {v.get('transformers')}, {v['machine']}, CPU profile {v.get('cpu_profile')}. Each request asks for \
+{r['output_tokens']} tokens (ours with
 `ignore_eos`, the baseline with `min_new_tokens`), prompts of 10-15 words; a fixed request count per level.
 *ours*: this handler, continuousBatching, batchSize {r['batch_size']}, compiled, bf16, streaming (TTFT = first
 chunk). *baseline*: stock TorchServe + a plain transformers handler (`bench/baseline_handler.py`): eager `generate`,

@@ -28,7 +28,6 @@ import requests
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import ClosedLoop
 from bench.soak_kinds import KINDS, Api, sender
-
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
 from handler.engine.convert import ensure_default_checkpoint

@@ -37,7 +37,6 @@ import requests
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, run_load, summarize
-
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
 from handler.build.precompile import key_for_mar
@@ -45,8 +44,8 @@ from handler.cache import S3Store, make_s3_client, publish_if_new
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.sync import restore_in_background
 from handler.engine.convert import ensure_default_checkpoint
-from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 
 PROMPT = PROMPTS[0]
 TARGETS = {"warm_over_cold": 0.10, "warm_over_eager": 1.2, "cold_first_answer_over_eager": 1.5,
@@ -305,12 +304,15 @@ def markdown(r: dict, args) -> str:
     runs, v = r["runs"], r["versions"]
     conc = f"output_tokens_per_s_c{args.concurrency}"
     rows = "\n".join(
-        f"| {n} | {runs[n]['ready_s']:.1f} | {runs[n]['compiled_s']:.1f} | " if "compiled_s" in runs[n] else f"| {n} | {runs[n]['ready_s']:.1f} | - | "
-        for n in NAMES)
+        f"| {n} | {runs[n]['ready_s']:.1f} | {runs[n]['compiled_s']:.1f} | " if "compiled_s" in runs[n]
+        else f"| {n} | {runs[n]['ready_s']:.1f} | - | " for n in NAMES)
     rows = "\n".join(
         f"{row}{runs[n].get('restore_s', 0):.2f} | {runs[n]['decode_tokens_per_s_bs1']:.1f} | {runs[n][conc]:.1f} | "
         f"{runs[n].get('engine_load', '')} |" for row, n in zip(rows.splitlines(), NAMES))
-    met = lambda k: "met" if r["targets_met"][k] else "**missed**"  # noqa: E731
+
+    def met(k: str) -> str:
+        return "met" if r["targets_met"][k] else "**missed**"
+
     warm, blocking = runs["warm"], runs["warm_blocking"]
     return f"""## Startup
 
@@ -327,7 +329,8 @@ steps while the compiled ones load in a thread, then switches (the *compiled at*
 are driven by 1-token requests meanwhile). *warm_blocking* is the same instance with
 `warm_start: blocking`. Decode speeds are measured after the switch.
 
-| replica | ready (s) | compiled at (s) | restore, overlapped (s) | decode tok/s, batch 1 | tok/s, {args.concurrency} clients | worker's load |
+| replica | ready (s) | compiled at (s) | restore, overlapped (s) | decode tok/s, batch 1 | tok/s, {args.concurrency} \
+clients | worker's load |
 |---|---|---|---|---|---|---|
 {rows}
 
@@ -336,17 +339,20 @@ are driven by 1-token requests meanwhile). *warm_blocking* is the same instance 
   The cold replica serves eager steps at once while a process of its own compiles, so cold and warm
   are both ready in seconds and `warm_over_cold` is near 1; what cold still costs is `cold_compiled_seconds`.
 - Serving at compiled speed: `warm_compiled_over_eager` = **{r['warm_compiled_over_eager']:.2f}** the eager replica's ready time
-  ({warm['compiled_s']:.1f} s; target ≤ {TARGETS['warm_compiled_over_eager']}: {met('warm_compiled_over_eager')}); loading before ready (`warm_start: blocking`) is ready at
+  ({warm['compiled_s']:.1f} s; target ≤ {TARGETS['warm_compiled_over_eager']}: {met('warm_compiled_over_eager')}); \
+loading before ready (`warm_start: blocking`) is ready at
   **{r['warm_blocking_over_eager']:.2f}x** ({blocking['ready_s']:.1f} s).
 - Empty cache (*cold*): the first answer comes from eager steps while a process of its own compiles,
-  `cold_first_answer_over_eager` = **{r['cold_first_answer_over_eager']:.2f}** (target ≤ {TARGETS['cold_first_answer_over_eager']}: {met('cold_first_answer_over_eager')});
+  `cold_first_answer_over_eager` = **{r['cold_first_answer_over_eager']:.2f}** (target ≤ \
+{TARGETS['cold_first_answer_over_eager']}: {met('cold_first_answer_over_eager')});
   compiled steps serve from `cold_compiled_seconds` = **{r['cold_compiled_seconds']:.0f} s** after the start
   (target ≤ {TARGETS['cold_compiled_seconds']}: {met('cold_compiled_seconds')}).
 - Compiled artifact: {runs['cold']['artifact_mb']:.1f} MB (AOT-compiled graphs, their C++ libraries and objects, and Inductor's
   two precompiled headers; no weights).
 - Model: SmolLM2-135M-Instruct, bf16 activations with the GGUF's quantized projections (`quantization: auto`),
   16 KV-cache slots x 2048 tokens, continuous batching.
-- Versions: torch {v.get('torch')}, TorchServe {v.get('torchserve')}, Python {v.get('python')}; {v.get('machine')}, {v.get('threads')} threads.
+- Versions: torch {v.get('torch')}, TorchServe {v.get('torchserve')}, Python {v.get('python')}; {v.get('machine')}, \
+{v.get('threads')} threads.
   Compare rows of one run, not across runs.
 
 ### What limits warm/eager
@@ -356,14 +362,16 @@ second, so every fixed cost shows. *restart* (the same machine, its caches warm)
 {runs['restart']['ready_s']:.1f} s: the gap is what a new instance's empty Inductor cache costs, chiefly building the
 quantized kernels (`handler/engine/quant`, ~3 s on 2 cores: their torch entry is written against torch's stable
 ABI, whose headers are light; against ATen's headers it was ~9 s, and Inductor's test compile of each vector ISA,
-now skipped since the CPU profile has chosen, another ~9 s). Loading the compiled steps costs {blocking.get('engine_compile_s', float('nan')):.1f} s of Python in the
+now skipped since the CPU profile has chosen, another ~9 s). Loading the compiled steps costs \
+{blocking.get('engine_compile_s', float('nan')):.1f} s of Python in the
 worker (importing Dynamo and Inductor, unpickling each graph, rebuilding its guards, installing
 the C++ kernels and Inductor's precompiled header), which a blocking load adds to the ready time;
 the background load overlaps it with serving. *restart*, the same instance starting again with
 everything local (not a target, an explanation), shows how little of that is the artifact's
 travel. The precompiled headers travel (gzipped, ~27 MB each: the wrapper's, built at `-O1`, and
 the kernels', at `-O3`) because Inductor builds them at load even when every kernel is prebuilt
-(~5 s each here); turning header precompilation off instead changes every kernel's cache key. With a larger model both replicas are dominated by loading weights,
+(~5 s each here); turning header precompilation off instead changes every kernel's cache key. With a larger model both \
+replicas are dominated by loading weights,
 and the ratios move towards 1.
 
 ### Where the cold replica's minutes go

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     print(compile_status(ts.model_log()) + "\n")
     print(f"""The server keeps running on loopback. Try:
   TOKEN=$(python3 -c 'import json; print(json.load(open("{WORKDIR}/key_file.json"))["inference"]["key"])')
-  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" {ts.inference_url}/predictions/{args.model_name} -d '{{"prompt": "Once upon a time", "stream": true}}'
+  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \\
+    {ts.inference_url}/predictions/{args.model_name} -d '{{"prompt": "Once upon a time", "stream": true}}'
 OpenAI clients: base_url={ts.inference_url}/predictions/{args.model_name}/1.0/v1, api_key=$TOKEN
 Metrics: {ts.metrics_url}/metrics    Stop: ./serve.sh --stop""")
     return 0

@@ -88,11 +88,11 @@ def test_module_imports_have_no_cycle() -> None:
 
     def visit(name: str, trail: list[str]) -> None:
         if name in trail:
-            raise AssertionError(" -> ".join(trail[trail.index(name):] + [name]))
+            raise AssertionError(" -> ".join([*trail[trail.index(name):], name]))
         if name in done:
             return
         for imported in sorted(graph[name]):
-            visit(imported, trail + [name])
+            visit(imported, [*trail, name])
         done.add(name)
 
     for name in sorted(graph):
@@ -113,7 +113,7 @@ def documented_rooms() -> dict[str, set[str]]:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         rooms = [Path(name).stem for name in re.findall(r"`(?:handler/)?([\w.]+)/?`", cells[0])]
         may = {name.strip() for name in re.sub(r"\(.*?\)", "", cells[-1]).split(",")} - {"-", ""}
-        table.update({name: may for name in rooms})
+        table.update(dict.fromkeys(rooms, may))
     return table
 
 

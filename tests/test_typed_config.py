@@ -83,7 +83,7 @@ def test_path_is_built_from_a_string():
 
 def test_nested_section_is_parsed_with_its_path():
     assert parse(Settings, {"limits": {"size": 4}}, "app.yaml").limits == Limits(4)
-    with pytest.raises(ConfigError, match="unknown key 'sise' in settings.limits"):
+    with pytest.raises(ConfigError, match=r"unknown key 'sise' in settings\.limits"):
         parse(Settings, {"limits": {"sise": 4}}, "app.yaml", "settings")
 
 

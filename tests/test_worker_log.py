@@ -8,7 +8,7 @@ LOG = """\
 2026-12-01 07:00:02,002 [INFO ] W-9000-llm_1.0-stdout MODEL_LOG - RuntimeError: 500 - Unknown exception
 2026-12-01 07:00:02,003 [INFO ] W-9000-llm_1.0-stdout MODEL_LOG - Backend worker process died.
 2026-12-01 07:00:09,002 [INFO ] W-9000-llm_1.0-stdout MODEL_LOG - RuntimeError: 500 - Unknown exception
-"""
+"""  # noqa: E501 - a worker's log lines as TorchServe writes them
 CAUSE = "RuntimeError: mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert"
 
 

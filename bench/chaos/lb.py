@@ -20,10 +20,9 @@ import requests
 
 from bench.chaos.haproxy import Backend, HAProxy, ensure_installed
 from bench.chaos.outcomes import Target, sender
-from bench.chaos.replica import MODEL, build_archive, raise_spot_notice, replica_with_sidecar
+from bench.chaos.replica import MODEL, Sidecar, build_archive, raise_spot_notice, replica_with_sidecar
 from bench.chaos.timeline import Sample, Sampler
 from bench.load import ClosedLoop, Record
-
 from handler.testing.metadata_emulator import MetadataEmulator
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
@@ -75,7 +74,8 @@ def _settings(args: argparse.Namespace, emulator: MetadataEmulator, flag: Path) 
             "key_file": None}
 
 
-def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar, emulator: MetadataEmulator) -> None:  # noqa: ANN001
+def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar: Sidecar,
+           emulator: MetadataEmulator) -> None:
     sampler = Sampler(sidecar).start()
     watch = _DownWatch(haproxy, NOTICED).start()
     # A refused request counts as failed here: the client sends its next one after the pause.

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 import yaml
@@ -184,7 +185,7 @@ def start_moto() -> MotoServer:
     return moto
 
 
-def s3(moto: MotoServer):  # noqa: ANN201 - a boto3 client
+def s3(moto: MotoServer) -> Any:  # a boto3 client
     import boto3
 
     return boto3.client("s3", endpoint_url=moto.endpoint_url, region_name=REGION)
@@ -196,7 +197,7 @@ def published_objects(moto: MotoServer, digest: str) -> list[dict[str, object]]:
             for o in listed.get("Contents", [])]
 
 
-def _wait(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
+def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
         if condition():

@@ -7,12 +7,15 @@ import json
 import platform
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.chaos.outcomes import LOST, REFUSED, outcome_counts
 from bench.chaos.timeline import Sample, client_curves
 from bench.common import REPO, RESULTS
 from bench.load import Record
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 COMMAND = ".venv/bin/python -m bench.chaos"
 
@@ -199,8 +202,8 @@ def plot(spot: Any, kill: Any, lb: Any, results: dict[str, Any], path: Path) -> 
     plt.close(fig)
 
 
-def _panel(ax, records: list[Record], samples: list[Sample], start: float, end: float,
-           title: str) -> None:  # noqa: ANN001
+def _panel(ax: Axes, records: list[Record], samples: list[Sample], start: float, end: float,
+           title: str) -> None:
     curves = client_curves(records, start, end)
     ax.plot(curves["t"], curves["open"], label="client requests open", color="tab:blue")
     ax.plot(curves["t"], curves["accepted"], label="accepted (200 received), not done",
@@ -233,7 +236,7 @@ def _not_ready_spans(samples: list[Sample], start: float) -> list[tuple[float, f
     return spans
 
 
-def _mark(ax, x: float, label: str, color: str) -> None:  # noqa: ANN001
+def _mark(ax: Axes, x: float, label: str, color: str) -> None:
     ax.axvline(x, color=color, linestyle=":")
     ax.text(x, ax.get_ylim()[1] * 0.95, f" {label}", color=color, fontsize=8, va="top")
 
@@ -287,13 +290,17 @@ sidecar's `/ready` did not answer 200).
 | --- | --- |
 | requests sent | {r['requests_sent']} ({r['requests_sent_after_notice']} after the notice) |
 | completed (200 and the whole answer) | {r['requests_completed']} ({r['completed_after_notice']} finished after the notice) |
-| refused before acceptance (retryable) | {r['requests_refused']['refused_503']} with 503, {r['requests_refused']['refused_connect']} connection refused |
-| **lost** (accepted, then failed, cut off or unanswered) | **{r['requests_lost']}** ({r['lost_connected_after_stop_began']} of them connected after the stop step began and were reset by the stopping frontend) |
+| refused before acceptance (retryable) | {r['requests_refused']['refused_503']} with 503, \
+{r['requests_refused']['refused_connect']} connection refused |
+| **lost** (accepted, then failed, cut off or unanswered) | **{r['requests_lost']}** \
+({r['lost_connected_after_stop_began']} of them connected after the stop step began and were reset by the stopping \
+frontend) |
 | accepted and generating at the notice (client view) | {r['accepted_in_flight_at_notice']} |
 | in flight at drain start / at stop (sidecar's view: queue + running) | {r['in_flight_at_notice']} / {r['in_flight_at_stop']} |
 | drain (sidecar sees the notice to TorchServe stopped) | {r['drain_seconds']} s |
 | notice raised to TorchServe stopped | {r['notice_to_stopped_seconds']} s, deadline {r['deadline_seconds']} s |
-| compile cache published to S3 before the deadline | {r['cache_published']} ({r['cache_objects']} objects under key {r['cache_key_digest']}) |
+| compile cache published to S3 before the deadline | {r['cache_published']} ({r['cache_objects']} objects under key \
+{r['cache_key_digest']}) |
 | TorchServe exit | code {r['torchserve_exit_code']}, clean: {r['torchserve_exited_cleanly']} |
 
 Timeline, seconds after the emulator raised the notice:
@@ -304,7 +311,8 @@ Timeline, seconds after the emulator raised the notice:
 | drain flag created: new requests get 503 before acceptance | {at('close_admission')} |
 | TorchServe's queue and the handler's running gauge read 0 on two polls | {at('wait_in_flight')} |
 | compile cache published to S3 | {at('publish')} |
-| TorchServe's listeners shut from outside the JVM (ports {r['listeners_closed']}): a connect is refused from here | {at('close_listeners', 0)} |
+| TorchServe's listeners shut from outside the JVM (ports {r['listeners_closed']}): a connect is refused from here | \
+{at('close_listeners', 0)} |
 | TorchServe stopped (SIGTERM to the JVM, its shutdown hook) | {at('stop')} |
 | deadline | {r['deadline_seconds']} |
 
@@ -362,7 +370,8 @@ whatever did not complete, they saw.
 | HAProxy retries / redispatches (provably unexecuted, sent again) | {lb['haproxy_retries']} / {lb['haproxy_redispatches']} |
 | sent to each replica (HAProxy's count, retries included) | {", ".join(f"{k}: {v}" for k, v in lb['sent_to_server'].items())} |
 | notice to HAProxy marking r0 down | {lb['noticed_down_after_notice_seconds']} s |
-| notice to r0's TorchServe stopped | {lb['notice_to_stopped_seconds']} s (drain {lb['drain_seconds']} s), deadline {lb['deadline_seconds']} s |
+| notice to r0's TorchServe stopped | {lb['notice_to_stopped_seconds']} s (drain {lb['drain_seconds']} s), deadline \
+{lb['deadline_seconds']} s |
 | r0's TorchServe exit code | {lb['noticed_torchserve_exit_code']} |
 
 Errors the clients saw:

@@ -28,24 +28,34 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chaos.lb import lb_phase
 from bench.chaos.outcomes import Target, sender
-from bench.chaos.replica import (BUCKET, MODEL, PREFIX, Sidecar, build_archive, published_objects,
-                                 raise_spot_notice, replica_with_sidecar, start_moto, stop_process,
-                                 write_compile_cache)
+from bench.chaos.replica import (
+    BUCKET,
+    MODEL,
+    PREFIX,
+    Sidecar,
+    build_archive,
+    published_objects,
+    raise_spot_notice,
+    replica_with_sidecar,
+    start_moto,
+    stop_process,
+    write_compile_cache,
+)
 from bench.chaos.report import write_outputs
 from bench.chaos.timeline import Sample, Sampler
 from bench.common import REPO
 from bench.load import ClosedLoop, Record, as_rows
-
 from handler.engine.convert import ensure_default_checkpoint
-from handler.torchserve.errors import TorchServeError
-from handler.torchserve.launch import TorchServe
 from handler.testing.metadata_emulator import MetadataEmulator
 from handler.testing.moto import MotoServer
+from handler.torchserve.errors import TorchServeError
+from handler.torchserve.launch import TorchServe
 
 CHECKPOINT = REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 
@@ -232,7 +242,7 @@ def target(ts: TorchServe) -> Target:
     return Target(f"{ts.inference_url}/predictions/{MODEL}", ts.headers)
 
 
-def _wait_time(probe, timeout_s: float) -> float | None:  # noqa: ANN001
+def _wait_time(probe: Callable[[], object], timeout_s: float) -> float | None:
     """Poll `probe` until truthy; a float result is the event's own time, else now."""
     give_up = time.time() + timeout_s
     while time.time() < give_up:
@@ -243,7 +253,7 @@ def _wait_time(probe, timeout_s: float) -> float | None:  # noqa: ANN001
     return None
 
 
-def _until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
+def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
     if _wait_time(condition, timeout_s) is None:
         raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
 

@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         platform.reexec_under(args.cpu_profile)
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
-        handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device, "compile": args.compile,
-                   "quantization": args.quantization, "group_size": args.group_size, "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
+        handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device,
+                   "compile": args.compile, "quantization": args.quantization, "group_size": args.group_size,
+                   "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
         if args.drain_flag_file:

@@ -20,7 +20,6 @@ from pathlib import Path
 from handler.cache.errors import ArtifactVerificationError
 from handler.cache.manifest import MANIFEST_NAME, Manifest, sizes_match
 
-
 _held = threading.local()  # lock files this thread holds: re-entering one is a no-op
 
 

@@ -43,7 +43,7 @@ class LocalStore(BlobStore):
 
     def _get_file(self, name: str, size: int, dest: Path, on_bytes: ByteCallback) -> None:
         with self._errors():
-            src = open(self.root / name, "rb")
+            src = open(self.root / name, "rb")  # noqa: SIM115 - closed by the with below; only opening maps to store errors
         with src, open(dest, "wb") as d:
             copy_chunks(file_chunks(src), d, on_bytes)
 

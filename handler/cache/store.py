@@ -98,7 +98,7 @@ class BlobStore(ABC):
     @abstractmethod
     def _has(self, name: str) -> bool: ...
 
-    def _preflight(self) -> None:
+    def _preflight(self) -> None:  # noqa: B027 - an optional hook: most stores have nothing to check
         """Fail with StoreUnavailable before the first operation if the store cannot work."""
 
     # ---- the contract

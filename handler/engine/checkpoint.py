@@ -215,7 +215,7 @@ def _read_state(ckpt: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]
     state: dict[str, torch.Tensor] = {}
     for file in ckpt.weight_files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 state[name] = f.get_tensor(name).to(dtype)
     return state
 

@@ -16,7 +16,7 @@ I/O; the TorchServe handler drives it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

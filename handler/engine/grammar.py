@@ -41,7 +41,7 @@ class Grammars:
         tokenizer_json, vocab_size, eos_ids = self._args
         return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
 
-    @functools.lru_cache(maxsize=64)  # chat traffic repeats its schemas
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - chat traffic repeats its schemas; one Grammars per engine
     def grammar(self, schema: str) -> str:
         """The grammar of a JSON schema (JSON text), or GrammarError saying what is wrong with it."""
         try:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
 MAX_TOP_LOGPROBS = 20
 
 

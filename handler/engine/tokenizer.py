@@ -21,7 +21,7 @@ class Tokenizer:
     special_tokens: dict[str, str]
 
     @classmethod
-    def from_dir(cls, path: Path) -> "Tokenizer":
+    def from_dir(cls, path: Path) -> Tokenizer:
         path = Path(path)
         backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
         tok_cfg = _read_json(path / "tokenizer_config.json")

@@ -58,7 +58,7 @@ class HandlerConfig:
 
     @classmethod
     def from_model_yaml(cls, model_yaml: dict | None, model_dir: Path, gpu_id: int | None = None,
-                        environ: Mapping[str, str] | None = None) -> "HandlerConfig":
+                        environ: Mapping[str, str] | None = None) -> HandlerConfig:
         """`model_dir`: where a relative `checkpoint` is found; `gpu_id`: TorchServe's GPU for
         this worker; `environ`: where TS_LLM_CACHE_DIR is read (os.environ when None, read now)."""
         model_yaml = model_yaml or {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Callable, Sequence
 
 from handler.engine.sampling import TokenLogprob
 

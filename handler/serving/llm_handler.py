@@ -17,10 +17,10 @@ from handler.drain_flag import DrainFlag
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
+from handler.serving.continuous_service import ContinuousService
 from handler.serving.loop_service import Delivery, LoopService
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import MAX_N, Limits
-from handler.serving.continuous_service import ContinuousService
 from handler.serving.service import DynamicService, Incoming, Reply
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ import logging
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from handler.serving import openmp
 from handler.serving.formats import error_body

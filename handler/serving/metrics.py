@@ -6,8 +6,9 @@ Prometheus endpoint; every name here must also be declared in metrics.yaml (a te
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 HISTOGRAMS = {
     "ts_llm_time_to_first_token_seconds": "Seconds",

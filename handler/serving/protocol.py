@@ -7,8 +7,9 @@ Three APIs share one engine: the native JSON API (`/predictions/<model>`) and Op
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from handler.engine.grammar import ANY_OBJECT, schema_text
 from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
@@ -174,7 +175,8 @@ def _message_text(content: Any, i: int) -> str:
     if isinstance(content, str):
         return content
     # OpenAI's list-of-parts form; only text parts are meaningful to a text model.
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
 

@@ -16,8 +16,8 @@ Transport rules come from TorchServe 0.12.0's frontend:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError

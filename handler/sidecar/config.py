@@ -34,7 +34,7 @@ class StopMethod(enum.StrEnum):
     NONE = "none"  # leave it to the orchestrator (a sidecar container without shared pids)
 
 
-def _f(default: object, help: str) -> Any:  # noqa: A002 - mirrors argparse
+def _f(default: object, help: str) -> Any:  # `help` mirrors argparse
     return field(default=default, metadata={"help": help})
 
 
@@ -77,7 +77,7 @@ class SidecarConfig:
     quiet_polls: int = _f(2, "...and on this many polls in a row (backend metrics lag)")
     drain_flag_file: str | None = _f(None, "created when the drain starts; the handler's "
                                            "drain_flag_file (same path): new requests get 503")
-    stop_method: StopMethod = _f(StopMethod.CLI, "cli | pid | none (none: keep serving "
+    stop_method: StopMethod = _f(StopMethod.CLI, "cli | pid | none (none: keep serving "  # noqa: RUF009 - _f returns a field
                                                  "/ready and /drain after the drain until SIGTERM)")
     torchserve_pid_file: str | None = _f(None, "pid file for stop_method=pid")
     close_listeners: bool = _f(True, "before stopping TorchServe (stop_method pid, or the "

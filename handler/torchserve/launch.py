@@ -45,7 +45,7 @@ class Ports:
     worker_base: int = 9000
 
     @classmethod
-    def free(cls) -> "Ports":
+    def free(cls) -> Ports:
         return cls(*(free_port() for _ in range(6)))
 
 
@@ -231,13 +231,14 @@ def start_torchserve(model_store: Path, models: dict[str, str], ts_config: Path,
     props = with_paths_from(props, Path(ts_config).parent)
     config = workdir / "config.properties"
     write_properties(props, config)
-    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground", "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--foreground",
+           "--model-store", str(Path(model_store).resolve()), "--ts-config", str(config),
            "--models", *(f"{name}={mar}" for name, mar in models.items())]
     offsets = {log: (workdir / log).stat().st_size if (workdir / log).exists() else 0 for log in (MODEL_LOG, TS_LOG)}
     # The JVM writes key_file.json and ts.pid into its working directory.
-    log = open(workdir / "torchserve.out", "ab")
-    process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    with open(workdir / "torchserve.out", "ab") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir, env), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     ts = TorchServe(workdir, ports or ports_from(props), process, model_log_offset=offsets[MODEL_LOG],
                     ts_log_offset=offsets[TS_LOG])
     _wait_for_key_file(ts, props)

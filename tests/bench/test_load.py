@@ -21,7 +21,7 @@ STREAM = b'{"text": "h"}\n{"text": "i", "finish_reason": "length"}\n'
 class Replies(Handler):
     """POST /<status>/<stream|whole|cut>: that status, and that kind of native answer."""
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         _, status, body = self.path.split("/")
         self.send_body(int(status), "application/json", {"stream": STREAM, "whole": WHOLE}.get(body, b'{"text": "h"}'))

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from handler.build.gguf_checkpoint import check_served, gguf_source, stage_gguf
 from handler.engine.checkpoint import CheckpointError, open_checkpoint

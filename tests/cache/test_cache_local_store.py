@@ -71,7 +71,7 @@ def test_corrupted_blob_is_rejected_and_never_installed(tmp_path: Path, artifact
     blob = tmp_path / "store" / blob_name(key.digest(), sha256_file(artifact / "index.json"))
     blob.write_bytes(b'{"seed": 9}')  # same size, other bytes
 
-    with pytest.raises(ArtifactVerificationError, match="index.json"):
+    with pytest.raises(ArtifactVerificationError, match=r"index\.json"):
         store.fetch(key, tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dest")] == [".dest.lock"]

@@ -107,9 +107,8 @@ def test_publish_if_new_reports_an_existing_artifact(s3_store: S3Store, artifact
 
 
 def _assert_rejected(store: S3Store, key: CacheKey, tmp_path: Path, registry, caplog, path: str) -> None:
-    with caplog.at_level(logging.ERROR, logger="handler.cache"):
-        with pytest.raises(ArtifactVerificationError) as e:
-            store.fetch(key, tmp_path / "dest")
+    with caplog.at_level(logging.ERROR, logger="handler.cache"), pytest.raises(ArtifactVerificationError) as e:
+        store.fetch(key, tmp_path / "dest")
     assert e.value.path == path
     assert not (tmp_path / "dest").exists()
     assert _leftovers(tmp_path) == []
@@ -233,9 +232,8 @@ def test_wrong_region_names_the_region_flag(s3_client):
     store = S3Store("bucket", "artifacts", s3_client, progress=False)
     redirect = ClientError({"Error": {"Code": "PermanentRedirect", "Message": "use eu-west-1"},
                             "ResponseMetadata": {"HTTPStatusCode": 301}}, "HeadBucket")
-    with pytest.raises(StoreUnavailable, match=r"set --aws-region \(aws_region\) or AWS_DEFAULT_REGION"):
-        with store._errors(None):
-            raise redirect
+    with pytest.raises(StoreUnavailable, match=r"set --aws-region \(aws_region\) or AWS_DEFAULT_REGION"), store._errors(None):
+        raise redirect
 
 
 # ---- warm path

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from handler.cache.install import install_lock, installed
 from handler.cache.key import CacheKey
 from handler.cache.local import LocalStore
-from handler.cache.install import install_lock, installed
 from handler.cache.sync import PublishOutcome, RestoreOutcome, publish_if_new, restore, restore_in_background
 
 

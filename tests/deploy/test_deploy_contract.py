@@ -415,7 +415,7 @@ def test_config_properties_is_mounted_where_torchserve_reads_it(pod, contract, h
     ts = helpers.serving_container(pod)
     mount = [m for m in ts["volumeMounts"] if m["mountPath"] == contract.ts_config_path]
     assert len(mount) == 1 and mount[0]["subPath"] == "config.properties"
-    vol = [v for v in pod["volumes"] if v["name"] == mount[0]["name"]][0]
+    vol = next(v for v in pod["volumes"] if v["name"] == mount[0]["name"])
     assert vol["configMap"]["name"] == "ts-llm-config"
     assert vol["configMap"]["items"] == [{"key": "config.properties", "path": "config.properties"}]
 
@@ -722,18 +722,23 @@ KSERVE_ONLY_KEYS = {"minReplicas", "maxReplicas"}
 def test_pools_share_one_pod_design(manifests, helpers) -> None:
     spot = helpers.pod_spec_of(manifests, "Deployment/ts-llm-spot")
     ondemand = helpers.pod_spec_of(manifests, "Deployment/ts-llm-ondemand")
-    strip = lambda pod: {k: v for k, v in pod.items() if k not in PLACEMENT_KEYS}  # noqa: E731
-    assert strip(spot) == strip(ondemand)
+    assert strip(spot, PLACEMENT_KEYS) == strip(ondemand, PLACEMENT_KEYS)
     # The NoExecute tolerations (fast eviction from a lost node) are shared too.
-    no_execute = lambda pod: [t for t in pod["tolerations"] if t["effect"] == "NoExecute"]  # noqa: E731
     assert no_execute(spot) == no_execute(ondemand)
+
+
+def strip(pod: dict, keys: set[str]) -> dict:
+    return {k: v for k, v in pod.items() if k not in keys}
+
+
+def no_execute(pod: dict) -> list[dict]:
+    return [t for t in pod["tolerations"] if t["effect"] == "NoExecute"]
 
 
 def test_kserve_predictor_is_the_same_pod(manifests, helpers) -> None:
     spot = helpers.pod_spec_of(manifests, "Deployment/ts-llm-spot")
     predictor = helpers.pod_spec_of(manifests, "InferenceService/ts-llm")
-    strip = lambda pod: {k: v for k, v in pod.items() if k not in PLACEMENT_KEYS | KSERVE_ONLY_KEYS}  # noqa: E731
-    a, b = strip(spot), strip(predictor)
+    a, b = strip(spot, PLACEMENT_KEYS | KSERVE_ONLY_KEYS), strip(predictor, PLACEMENT_KEYS | KSERVE_ONLY_KEYS)
     a["containers"] = [dict(c, name="kserve-container") for c in a["containers"]]
     assert a == b
 

@@ -131,9 +131,9 @@ def test_sidecar_exports_the_hpa_metric_with_the_selector_label(contract) -> Non
     """The HPAs select ts_llm_requests_waiting{model_name=llm}; the sidecar's collector must
     export exactly that name and label (and the in-flight gauge the contract names)."""
     load = importlib.import_module("handler.sidecar.endpoints.replica_load")
-    assert load.WAITING == contract.metric_names["queue_waiting"]
-    assert load.IN_FLIGHT == contract.metric_names["in_flight"]
-    assert load.MODEL_LABEL == contract.model_label
+    assert contract.metric_names["queue_waiting"] == load.WAITING
+    assert contract.metric_names["in_flight"] == load.IN_FLIGHT
+    assert contract.model_label == load.MODEL_LABEL
 
 
 @needs_sidecar
@@ -177,7 +177,7 @@ def test_key_path_agrees_between_key_step_restore_publish_and_worker(
     worker = source_constant("handler.cache.key", "KEY_FILE_NAME")
     paths["worker"] = f"{env[contract.cache_dir_env]}/{worker}"
     assert set(paths.values()) == {contract.cache_key_file}, paths
-    assert config.KEY_FILE_NAME == worker
+    assert worker == config.KEY_FILE_NAME
 
 
 def test_key_step_command_is_accepted_by_precompile(pod, helpers, contract,

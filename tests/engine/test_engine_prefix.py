@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from handler.engine.engine import Engine
-from handler.engine.sequence import StepOutput
 from handler.engine.prefix_cache import PrefixCache
 from handler.engine.sampling import SamplingParams
+from handler.engine.sequence import StepOutput
 from tests.support.tiny_model import tiny_engine
 
 SYSTEM = "youareahelpfulassistantanswerbrieflyandkindly"  # 45 tokens: two full blocks and some

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from handler.engine.engine import Engine, EngineFull
-from handler.engine.sequence import StepOutput
 from handler.engine.sampling import SamplingParams
-from tests.support.tiny_model import EOS_ID, CharTokenizer, counting_engine
+from handler.engine.sequence import StepOutput
+from tests.support.tiny_model import CharTokenizer, counting_engine
 
 TOK = CharTokenizer()
 

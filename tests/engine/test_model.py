@@ -116,7 +116,7 @@ def test_gemma3_text_matches_transformers(gemma3_random_checkpoint):
 def test_gemma3_with_its_vision_tower_is_refused_clearly(tmp_path):
     from handler.engine.checkpoint import CheckpointError, model_args_from_config
 
-    with pytest.raises(CheckpointError, match="vision tower.*gemma3_text"):
+    with pytest.raises(CheckpointError, match=r"vision tower.*gemma3_text"):
         model_args_from_config({"model_type": "gemma3", "text_config": {}})
 
 
@@ -134,7 +134,7 @@ def test_missing_tokenizer_is_named(tmp_path):
     from handler.engine.checkpoint import CheckpointError
 
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(CheckpointError, match="missing tokenizer.json"):
+    with pytest.raises(CheckpointError, match=r"missing tokenizer\.json"):
         open_checkpoint(tmp_path)
 
 

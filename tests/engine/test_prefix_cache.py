@@ -10,8 +10,8 @@ SHARED = list(range(100, 100 + 3 * BLOCK))  # three full blocks
 def test_the_longest_shared_prefix_is_found_to_the_token():
     cache = PrefixCache(slots=3)
     cache.extend(0, SHARED[:BLOCK])
-    cache.extend(1, SHARED + [7, 8, 9])
-    assert cache.longest(SHARED + [7, 8, 1]) == (1, len(SHARED) + 2)
+    cache.extend(1, [*SHARED, 7, 8, 9])
+    assert cache.longest([*SHARED, 7, 8, 1]) == (1, len(SHARED) + 2)
 
 
 def test_a_prefix_shorter_than_a_block_is_found_by_comparing_the_slots():

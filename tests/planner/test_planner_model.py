@@ -123,7 +123,7 @@ def test_ceil_ignores_float_noise() -> None:
 def test_choose_run_prefers_throughput_within_the_slo(bench) -> None:
     assert model.choose_run(bench.runs, None).concurrency == 64
     assert model.choose_run(bench.runs, 1.0).concurrency == 16
-    with pytest.raises(PlanError, match="best measured: 0.8 s"):
+    with pytest.raises(PlanError, match=r"best measured: 0\.8 s"):
         model.choose_run(bench.runs, 0.5)
 
 

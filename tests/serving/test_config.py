@@ -30,7 +30,7 @@ def test_engine_keys_go_to_the_engine_and_the_rest_stay():
 
 
 def test_unknown_key_is_rejected_with_the_allowed_list():
-    with pytest.raises(ConfigError, match="unknown key 'max_tokens' in handler; allowed keys: .*max_new_tokens_cap"):
+    with pytest.raises(ConfigError, match=r"unknown key 'max_tokens' in handler; allowed keys: .*max_new_tokens_cap"):
         parse({"handler": {"max_tokens": 5}})
 
 
@@ -40,21 +40,21 @@ def test_the_allowed_keys_are_the_flat_section():
 
 
 def test_wrong_type_is_rejected():
-    with pytest.raises(ConfigError, match="handler.max_seq_len must be an integer"):
+    with pytest.raises(ConfigError, match=r"handler\.max_seq_len must be an integer"):
         parse({"handler": {"max_seq_len": True}})
-    with pytest.raises(ConfigError, match="handler.dtype must be one of 'auto', 'bfloat16', 'float32', got 16"):
+    with pytest.raises(ConfigError, match=r"handler\.dtype must be one of 'auto', 'bfloat16', 'float32', got 16"):
         parse({"handler": {"dtype": 16}})
-    with pytest.raises(ConfigError, match="handler.served_model_name must be a string"):
+    with pytest.raises(ConfigError, match=r"handler\.served_model_name must be a string"):
         parse({"handler": {"served_model_name": 16}})
 
 
 def test_batch_size_larger_than_the_engine_is_rejected():
-    with pytest.raises(ConfigError, match="batchSize 64 exceeds handler.max_batch_size 32"):
+    with pytest.raises(ConfigError, match=r"batchSize 64 exceeds handler\.max_batch_size 32"):
         parse({"batchSize": 64, "handler": {}})
 
 
 def test_invalid_engine_value_names_the_section():
-    with pytest.raises(ConfigError, match="handler.dtype must be one of 'auto', 'bfloat16', 'float32', got 'float16'"):
+    with pytest.raises(ConfigError, match=r"handler\.dtype must be one of 'auto', 'bfloat16', 'float32', got 'float16'"):
         parse({"handler": {"dtype": "float16"}})
 
 
@@ -100,7 +100,7 @@ def test_default_max_new_tokens_must_fit_the_cap():
 
 
 def test_section_must_be_a_mapping():
-    with pytest.raises(ConfigError, match="model-config.yaml `handler:` must be a mapping, got list"):
+    with pytest.raises(ConfigError, match=r"model-config\.yaml `handler:` must be a mapping, got list"):
         parse({"handler": ["dtype"]})
 
 

@@ -27,7 +27,8 @@ def test_completions_logprobs_are_parallel_lists_with_text_offsets():
 
 def test_completions_logprobs_zero_has_null_alternatives():
     lps = [TokenLogprob(1, -0.1, ())]
-    assert json.loads(formatter("completions").whole([Choice("Hel", "length", lps)], Usage(3, 1)))["choices"][0]["logprobs"]["top_logprobs"] == [None]
+    body = json.loads(formatter("completions").whole([Choice("Hel", "length", lps)], Usage(3, 1)))
+    assert body["choices"][0]["logprobs"]["top_logprobs"] == [None]
 
 
 def test_streamed_completions_offsets_continue_across_pieces():

@@ -7,9 +7,9 @@ import pytest
 
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
+from handler.serving.continuous_service import ContinuousService
 from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
-from handler.serving.continuous_service import ContinuousService
 from handler.serving.service import DynamicService, Incoming, Reply
 from tests.support.service_driver import drive
 

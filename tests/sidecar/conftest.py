@@ -18,7 +18,6 @@ from handler.testing.moto import start_moto_server
 from tests.support.fake_torchserve import START, FakeManagement
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every sidecar test is bounded: a hung long-poll or server must fail, not stall CI.
     # A test that sets its own bound (the end-to-end one) keeps it.

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from handler.sidecar.config import (Cloud, SidecarConfig, StopMethod, add_config_arguments,
-                                    config_from_args, config_from_mapping, load_config)
+from handler.sidecar.config import (
+    Cloud,
+    SidecarConfig,
+    StopMethod,
+    add_config_arguments,
+    config_from_args,
+    config_from_mapping,
+    load_config,
+)
 from handler.sidecar.errors import ConfigError
 
 

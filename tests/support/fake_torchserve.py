@@ -101,7 +101,7 @@ class FakeManagement:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         return Handler

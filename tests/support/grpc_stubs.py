@@ -17,7 +17,7 @@ def load_inference_stubs(out_dir: Path):
     includes = [
         str(PROTO_DIR),
         str(Path(grpc_tools.__file__).parent / "_proto"),
-        str(Path(list(google.rpc.__path__)[0]).parents[1]),  # the folder that holds google/rpc/*.proto
+        str(Path(next(iter(google.rpc.__path__))).parents[1]),  # the folder that holds google/rpc/*.proto
     ]
     args = ["protoc", *(f"-I{p}" for p in includes), f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", "inference.proto"]
     if protoc.main(args) != 0:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.torchserve.errors import TorchServeAuthError, TorchServeError
 from handler.torchserve.client import KeyFile, TorchServeClient, running_reader
-
+from handler.torchserve.errors import TorchServeAuthError, TorchServeError
 from tests.support.fake_torchserve import START, FakeManagement, write_key_file
 
 FUTURE = "2030-01-01T00:00:00.123456789Z"  # Java Instant.toString, nanosecond digits

@@ -37,7 +37,11 @@ log = logging.getLogger(__name__)
 
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-FORMAT = 13  # bump when the layout below changes (7: packed quantized weights; 8: prefill from any position; 9: bf16 single rows call ts_llm::bf16_linear; 10: and so do decode batches over a float32 copy; 11: int4 without minimums, prefill chunks padded to 4; 12: quantized weights as StoredWeight parts, k-quants; 13: a GGUF's embedding looked up from its quantized rows); it is part of the artifact's cache key
+# Bump when the layout below changes; it is part of the artifact's cache key. 7: packed quantized weights;
+# 8: prefill from any position; 9: bf16 single rows call ts_llm::bf16_linear; 10: and so do decode batches
+# over a float32 copy; 11: int4 without minimums, prefill chunks padded to 4; 12: quantized weights as
+# StoredWeight parts, k-quants; 13: a GGUF's embedding looked up from its quantized rows.
+FORMAT = 13
 
 
 class AotError(RuntimeError):

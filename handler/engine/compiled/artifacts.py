@@ -153,7 +153,7 @@ class ArtifactPlaces:
     def search(self) -> list[Path]:
         return [p for p in (self.cache_dir, self.bundled_dir) if p is not None]
 
-    def for_key(self, key: CacheKey) -> "ArtifactPlaces":
+    def for_key(self, key: CacheKey) -> ArtifactPlaces:
         """The places of `key`'s artifact: on a shelf, its own folder there."""
         return self if self.shelf is None else replace(self, cache_dir=shelf.key_dir(self.shelf, key.digest()))
 

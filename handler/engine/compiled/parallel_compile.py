@@ -11,7 +11,8 @@ with the artifact, and save their graphs, which are loaded here and join this pr
 in one artifact. In handler.engine.compiled.compile_process they are forked with the model prepared
 there; elsewhere (archive.sh --aot, a blocking cold start in a worker) they start afresh:
 
-    python -m handler.engine.compiled.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
+    python -m handler.engine.compiled.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] \
+        --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
 from __future__ import annotations
 

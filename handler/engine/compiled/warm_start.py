@@ -52,7 +52,7 @@ class BackgroundLoad:
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._run,), name="ts-llm-aot-load", daemon=True)
 
-    def start(self) -> "BackgroundLoad":
+    def start(self) -> BackgroundLoad:
         self._thread.start()
         return self
 

@@ -17,9 +17,9 @@ import torch
 
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import EngineConfig
-from handler.engine.model import Transformer, projections
 from handler.engine.kernels import build
 from handler.engine.linear import QuantizedEmbedding, StoredWeight
+from handler.engine.model import Transformer, projections
 from handler.engine.quant.gguf import GGUFWeights, Projection, to_float
 from handler.engine.quant.layout import QuantizationError
 from handler.engine.quant.rtn import quantize_int4, quantize_int8

@@ -22,8 +22,16 @@ import torch
 from torch import Tensor
 
 from handler.engine.quant.gguf_file import BLOCKS
-from handler.engine.quant.layout import (BLOCK, ROWS, QuantizationError, check_row_groups, pack_groups, pack_nibbles,
-                                         unpack_groups, unpack_nibbles)
+from handler.engine.quant.layout import (
+    BLOCK,
+    ROWS,
+    QuantizationError,
+    check_row_groups,
+    pack_groups,
+    pack_nibbles,
+    unpack_groups,
+    unpack_nibbles,
+)
 
 FORMATS = {kind: BLOCKS[kind] for kind in ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")}
 
@@ -53,11 +61,11 @@ class KQuantWeight:
     def tensors(self) -> dict[str, Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "bits"}
 
-    def rows(self, index: Tensor) -> "KQuantWeight":
+    def rows(self, index: Tensor) -> KQuantWeight:
         assert not self.packed, "select rows before packing"
         return replace(self, **{k: None if t is None else t[index] for k, t in self.tensors().items()})
 
-    def pack(self) -> "KQuantWeight":
+    def pack(self) -> KQuantWeight:
         if self.packed:
             return self
         n, k = check_row_groups(self.shape)
@@ -74,7 +82,7 @@ class KQuantWeight:
         return KQuantWeight(self.bits, pack_nibbles(self.q).contiguous(), pack_groups(self.d),
                             _maybe(pack_groups, self.dmin), sc, mn, high)
 
-    def unpack(self) -> "KQuantWeight":
+    def unpack(self) -> KQuantWeight:
         if not self.packed:
             return self
         n, k = self.shape
@@ -89,7 +97,7 @@ class KQuantWeight:
         return KQuantWeight(self.bits, q.contiguous(), unpack_groups(self.d), _maybe(unpack_groups, self.dmin),
                             _maybe(_unpack_scales, self.sc), _maybe(_unpack_scales, self.mn))
 
-    def check(self) -> "KQuantWeight":
+    def check(self) -> KQuantWeight:
         n, k = self.shape
         s = self.super_block
         if k % s or s % BLOCK or self.d.dtype != torch.float16:
@@ -117,10 +125,13 @@ def dequantize(w: KQuantWeight) -> Tensor:
 
 def from_blocks(kind: str, raw: Tensor) -> KQuantWeight:
     """A GGUF tensor's bytes, uint8 [N, K / S * block bytes], as an unpacked KQuantWeight."""
-    size, s = FORMATS[kind]
+    size, _ = FORMATS[kind]
     n = raw.shape[0]
     blk = raw.view(n, -1, size)
-    f16 = lambda lo: blk[..., lo:lo + 2].contiguous().view(torch.float16).view(n, -1)  # noqa: E731
+
+    def f16(lo: int) -> Tensor:
+        return blk[..., lo:lo + 2].contiguous().view(torch.float16).view(n, -1)
+
     if kind == "Q6_K":
         low = (blk[..., :128].reshape(n, -1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8)[:, None]) & 15
         top = (blk[..., 128:192].reshape(n, -1, 2, 1, 32) >> (2 * torch.arange(4, dtype=torch.uint8))[:, None]) & 3

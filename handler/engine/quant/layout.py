@@ -53,7 +53,7 @@ class QuantizedWeight:
     def group_size(self) -> int:
         return self.shape[1] // self.d.shape[1]
 
-    def check(self) -> "QuantizedWeight":
+    def check(self) -> QuantizedWeight:
         n, k = self.shape
         groups = self.d.shape[1]
         if self.q.dtype not in (torch.int8, torch.uint8):
@@ -72,17 +72,17 @@ class QuantizedWeight:
         """int4 without minimums: w = d * (q - 8)."""
         return self.bits == 4 and self.m is None
 
-    def with_minimums(self) -> "QuantizedWeight":
+    def with_minimums(self) -> QuantizedWeight:
         """The same values with explicit minimums (m = -8 d is exact in float16), for fusing with
         weights that have them."""
         return QuantizedWeight(self.q, self.d, -8 * self.d) if self.centred else self
 
-    def rows(self, index: Tensor) -> "QuantizedWeight":
+    def rows(self, index: Tensor) -> QuantizedWeight:
         """The rows `index` (a permutation or selection of output features), still quantized."""
         assert not self.packed, "select rows before packing"
         return QuantizedWeight(self.q[index], self.d[index], None if self.m is None else self.m[index])
 
-    def pack(self) -> "QuantizedWeight":
+    def pack(self) -> QuantizedWeight:
         """The same values in the CPU kernels' layout (module docstring)."""
         if self.packed:
             return self
@@ -93,7 +93,7 @@ class QuantizedWeight:
             q = pack_nibbles(int4_values(self.q, n, k))
         return QuantizedWeight(q.contiguous(), pack_groups(self.d), None if self.m is None else pack_groups(self.m))
 
-    def unpack(self) -> "QuantizedWeight":
+    def unpack(self) -> QuantizedWeight:
         """The row-major layout back from pack()'s."""
         if not self.packed:
             return self

@@ -35,9 +35,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from handler.cache import (ArtifactStore, ArtifactVerificationError, CacheKey, CacheMetrics,
-                           StoreUriError)
-from handler.cache import open_store as open_uri
+from handler.cache import (
+    ArtifactStore,
+    ArtifactVerificationError,
+    CacheKey,
+    CacheMetrics,
+    StoreUriError,
+    open_store as open_uri,
+)
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME, Manifest, artifact_files, size_mismatch
 from handler.cache.sync import publish_if_new, restore_in_background
@@ -292,7 +297,7 @@ class Publisher:
                                          nothing_to_publish(key, self.key_path, self.src_dir))
                     return key
                 return _publish_if_new(self._store, key, self.src_dir, after_start_log)
-        except Exception as err:  # noqa: BLE001 - a background thread: report, never raise
+        except Exception as err:  # a background thread: report, never raise
             after_start_log.error("compile cache: not published after start: %s: %s",
                                   type(err).__name__, err)
             return ERROR

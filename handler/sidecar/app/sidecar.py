@@ -35,8 +35,8 @@ from handler.sidecar.drain.control import DrainControl
 from handler.sidecar.drain.deps import CachePublisher, DrainDeps
 from handler.sidecar.drain.plan import DrainPolicy, budget_warning
 from handler.sidecar.drain.report import DrainReport
-from handler.sidecar.drain.stop_record import read_stop_seconds, record_stop_seconds, stop_reserve
 from handler.sidecar.drain.run import run_drain
+from handler.sidecar.drain.stop_record import read_stop_seconds, record_stop_seconds, stop_reserve
 from handler.sidecar.endpoints.readiness import Readiness
 from handler.sidecar.endpoints.replica_load import LoadCollector
 from handler.sidecar.endpoints.server import SidecarHttpServer

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from handler.files import write_atomic
 from handler.drain_flag import CUT_KEY
+from handler.files import write_atomic
 from handler.sidecar.errors import ConfigError
 
 

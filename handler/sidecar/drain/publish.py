@@ -39,7 +39,7 @@ def publish(report: DrainReport, deps: DrainDeps) -> None:
 def _call_publisher(publisher: CachePublisher, publish_by: float, out: dict[str, object]) -> None:
     try:
         out["result"] = publisher(publish_by)
-    except Exception as err:  # noqa: BLE001 - crosses the thread; publish re-raises it
+    except Exception as err:  # crosses the thread; publish re-raises it
         out["error"] = err
 
 

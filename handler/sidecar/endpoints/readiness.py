@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from handler.sidecar.drain.deps import ModelDescriber
 from handler.sidecar.endpoints.sidecar_metrics import SidecarMetrics
-from handler.torchserve.errors import TorchServeError
 from handler.sidecar.notice.board import NoticeBoard
+from handler.torchserve.errors import TorchServeError
 
 
 class Readiness:

@@ -68,7 +68,7 @@ def _handler_class(readiness: Readiness, is_alive: Callable[[], bool],
         def _json(self, status: int, body: dict[str, object]) -> None:
             self.send_body(status, "application/json", json.dumps(body).encode())
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
 
     return EndpointHandler

@@ -48,7 +48,7 @@ def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, mod
     assert "compile process (prefill):" in err and "compile process (decode, general):" in err
     assert "compiling graph 2 of 3 (prefill, general" in err and "compiling graph 3 of 3 (decode, general" in err
     assert len(steps.prefill.graphs) == 1 and len(steps.decode.graphs) == 2
-    assert [s.batch for s in steps.examples["decode"]][0] == 1  # batch-1 graph first: match() picks it
+    assert steps.examples["decode"][0].batch == 1  # batch-1 graph first: match() picks it
     here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
     tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
     prefill_args = (tokens, torch.arange(2), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)

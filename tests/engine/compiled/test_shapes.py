@@ -31,7 +31,12 @@ def test_every_call_the_engine_makes_is_a_serving_shape():
                                     prefill_chunk=CFG.prefill_chunk, prefix_caching=True)
     seen = []
     real = engine._prefill
-    engine._prefill = lambda tokens, slots, start, last, kv_len: seen.append((tokens.shape[0], tokens.shape[1], kv_len)) or real(tokens, slots, start, last, kv_len)
+
+    def prefill(tokens, slots, start, last, kv_len):
+        seen.append((tokens.shape[0], tokens.shape[1], kv_len))
+        return real(tokens, slots, start, last, kv_len)
+
+    engine._prefill = prefill
     rng = random.Random(0)
     shared = CharTokenizer().encode("abcdefghijklmnopqrstuvwxy" * 4)
     for i in range(60):

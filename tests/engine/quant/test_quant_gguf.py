@@ -60,7 +60,7 @@ def test_other_types_are_refused_with_the_tensors_name(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(QuantizationError, match="blk.0.attn_output.weight is Q3_K; the engine serves Q8_0"):
+    with pytest.raises(QuantizationError, match=r"blk\.0\.attn_output\.weight is Q3_K; the engine serves Q8_0"):
         GGUFWeights(path).floats("blk.0.attn_output.weight")
 
 

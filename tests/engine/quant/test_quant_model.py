@@ -29,7 +29,7 @@ ROUNDED_X_ATOL = 2.5e-2
 def _dequantized_twin(model, ckpt):
     """The float32 model whose projections are the quantized model's, dequantized."""
     twin = load_model(ckpt, torch.float32)
-    for (name, linear), (_, twin_linear) in zip(projections(model), projections(twin)):
+    for (_, linear), (_, twin_linear) in zip(projections(model), projections(twin)):
         twin_linear.weight = torch.nn.Parameter(torch.cat([dequantize(p) for p in linear.quantized]),
                                                  requires_grad=False)
     embedding = model.tok_embeddings  # a GGUF's stays quantized: its rows dequantized as looked up

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from handler.torchserve.launch import free_port
 from handler.sidecar.app.cli import main
 from handler.sidecar.app.sidecar import Sidecar
 from handler.sidecar.config import config_from_mapping
 from handler.testing.metadata_emulator import MetadataEmulator
-
+from handler.torchserve.launch import free_port
 from tests.support.fake_torchserve import FakeManagement
+
 from ..conftest import cache_key, install_artifact
 
 

@@ -16,8 +16,8 @@ import requests
 from handler.sidecar.app.entrypoint import parse
 from handler.sidecar.errors import ConfigError
 from handler.testing.metadata_emulator import MetadataEmulator
-
 from tests.support.fake_torchserve import FakeManagement
+
 from ..conftest import install_artifact
 
 REPO = Path(__file__).resolve().parents[3]

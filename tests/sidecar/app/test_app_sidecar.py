@@ -18,8 +18,8 @@ import requests
 from handler.sidecar.app.sidecar import Hooks, Sidecar
 from handler.sidecar.config import config_from_mapping
 from handler.testing.metadata_emulator import MetadataEmulator
-
 from tests.support.fake_torchserve import FakeManagement
+
 from ..conftest import cache_key, install_artifact
 
 

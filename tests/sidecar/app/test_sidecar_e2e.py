@@ -20,11 +20,11 @@ import requests
 
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions
-from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 from handler.sidecar.app.sidecar import Sidecar
 from handler.sidecar.config import config_from_mapping
 from handler.sidecar.drain.report import DrainReport
 from handler.testing.metadata_emulator import MetadataEmulator
+from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "llm"

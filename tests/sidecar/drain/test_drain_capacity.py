@@ -10,8 +10,7 @@ from typing import Any
 import boto3
 import pytest
 
-from handler.sidecar.drain.capacity import (deregister_target, post_webhook, request_replacement,
-                                          target_states)
+from handler.sidecar.drain.capacity import deregister_target, post_webhook, request_replacement, target_states
 from handler.sidecar.errors import CapacityError
 
 

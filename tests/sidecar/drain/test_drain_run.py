@@ -15,9 +15,9 @@ from handler.sidecar.drain.plan import DrainPolicy
 from handler.sidecar.drain.run import run_drain
 from handler.sidecar.endpoints.sidecar_metrics import SidecarMetrics
 from handler.sidecar.errors import CapacityError
-from handler.torchserve.errors import TorchServeError
 from handler.sidecar.notice.termination import NoticeKind, TerminationNotice
 from handler.torchserve.client import ModelState, WorkerInfo
+from handler.torchserve.errors import TorchServeError
 
 POLICY = DrainPolicy(margin_s=5, publish_reserve_s=15, stop_reserve_s=10, poll_interval_s=0.5,
                      quiet_s=1.0)

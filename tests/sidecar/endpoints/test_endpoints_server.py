@@ -15,7 +15,6 @@ from handler.sidecar.endpoints.sidecar_metrics import SidecarMetrics
 from handler.sidecar.notice.board import NoticeBoard
 from handler.sidecar.notice.termination import NoticeKind, TerminationNotice
 from handler.torchserve.client import TorchServeClient
-
 from tests.support.fake_torchserve import START, FakeManagement, write_key_file
 
 

@@ -8,7 +8,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from handler.sidecar.endpoints.replica_load import IN_FLIGHT, MODEL_LABEL, WAITING, LoadCollector
 from handler.torchserve.client import TorchServeClient, running_reader
-
 from tests.support.fake_torchserve import FakeManagement
 
 
