@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from handler.engine import EngineError
 from handler.engine.config import find_gguf
 from handler.engine.model import ModelArgs, Transformer, projections as model_projections
 from handler.engine.quant.gguf import GGUFWeights, to_float
@@ -24,7 +25,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(EngineError, ValueError):
     """The checkpoint directory cannot be served; the message says what to fix."""
 
 

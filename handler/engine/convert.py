@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from handler.engine import EngineError
 from handler.files import atomic_file
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ GGUF_NAME = Path(GGUF_MEMBER).name
 DONE_MARKER = ".converted.json"
 
 
-class ConversionError(RuntimeError):
+class ConversionError(EngineError, RuntimeError):
     pass
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from handler.engine import EngineError
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import SamplingParams, make_generator, sample_next, token_logprob
@@ -51,7 +52,7 @@ DecodeFn = Callable[[Tensor, Tensor, int], Tensor]  # (tokens[B], input_pos[B], 
 CopyPrefixFn = Callable[[int, int, int], None]  # (src slot, dst slot, positions): KV of 0..positions-1
 
 
-class EngineFull(RuntimeError):
+class EngineFull(EngineError, RuntimeError):
     """Every slot is taken; the caller keeps the request waiting."""
 
 

@@ -18,13 +18,15 @@ import llguidance
 import torch
 from torch import Tensor
 
+from handler.engine import EngineError
+
 # Compact JSON: no free whitespace between tokens. With it, a small model can emit spaces or
 # newlines until max_tokens and still satisfy the grammar.
 JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_OBJECT = '{"type": "object"}'  # OpenAI's response_format {"type": "json_object"}
 
 
-class GrammarError(ValueError):
+class GrammarError(EngineError, ValueError):
     """A schema the grammar engine cannot use; the message says why (for a 400)."""
 
 

@@ -30,13 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from handler.engine import EngineError
+
 if TYPE_CHECKING:
     from handler.engine.config import EngineConfig
 
 PROFILE_ENV = "TS_LLM_CPU_PROFILE"  # force a profile (one this CPU has); unset: the best one
 
 
-class PlatformError(RuntimeError):
+class PlatformError(EngineError, RuntimeError):
     """The requested profile or path cannot run on this CPU; the message says what to change."""
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from handler.engine import EngineError
 
-class ChatTemplateError(ValueError):
+
+class ChatTemplateError(EngineError, ValueError):
     pass
 
 

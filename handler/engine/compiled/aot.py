@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from handler.engine import EngineError
 from handler.engine.compiled import cpp_cache
 from handler.engine.compiled.compile_progress import CompileProgress
 from handler.engine.compiled.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
@@ -44,7 +45,7 @@ INDEX_FILE = "graphs.json"
 FORMAT = 13
 
 
-class AotError(RuntimeError):
+class AotError(EngineError, RuntimeError):
     """Artifacts cannot be built or loaded; the message names the step, file or shape."""
 
 

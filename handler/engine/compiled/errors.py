@@ -4,8 +4,10 @@ the compile process fails (compile_process.wait_for_compile).
 """
 from __future__ import annotations
 
+from handler.engine import EngineError
 
-class CompileError(RuntimeError):
+
+class CompileError(EngineError, RuntimeError):
     """Compiling or loading the compiled model failed and the configuration does not allow
     eager serving (on_compile_error: raise)."""
 

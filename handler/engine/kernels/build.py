@@ -14,12 +14,14 @@ import logging
 import time
 from pathlib import Path
 
+from handler.engine import EngineError
+
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized.c", "kquant.c", "matvec.c", "torch_op.cpp"))
 
 
-class KernelBuildError(RuntimeError):
+class KernelBuildError(EngineError, RuntimeError):
     """The CPU kernels could not be built (no C compiler?); the message has the compiler's."""
 
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from handler.engine import EngineError
+
 BLOCK = 32
 ROWS = 8  # rows per group of the packed layout
 
 
-class QuantizationError(ValueError):
+class QuantizationError(EngineError, ValueError):
     """Weights that cannot be quantized or taken as they are; the message says which and why."""
 
 
