@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 HISTOGRAMS = {
@@ -45,21 +44,6 @@ class MetricSink(Protocol):
 
     def flush(self) -> None:
         """Write what the sink holds back (the service calls it when its engine goes idle)."""
-
-
-@dataclass
-class RecordingSink:
-    """Keeps every observation; for tests and the benchmark's own accounting."""
-    values: list[tuple[str, float, str | None]] = field(default_factory=list)
-
-    def observe(self, name: str, value: float, label: str | None = None) -> None:
-        self.values.append((name, value, label))
-
-    def flush(self) -> None:
-        pass  # holds nothing back
-
-    def of(self, name: str) -> list[float]:
-        return [v for n, v, _ in self.values if n == name]
 
 
 def observe_engine_mode(sink: MetricSink, mode: str) -> None:

@@ -7,9 +7,9 @@ import threading
 
 from handler.engine.engine import Engine
 from handler.serving.loop_service import Delivery, LoopService
-from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
 from handler.serving.service import Incoming, Reply
+from tests.support.recording_sink import RecordingSink
 from tests.support.tiny_model import CharTokenizer, CountingSteps, counting_engine
 
 LIMITS = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=4, served_model_name="llm")

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.serving.metrics import COUNTER_WRITE_S, ENGINE_MODES, RecordingSink, TorchServeSink, observe_engine_mode
+from handler.serving.metrics import COUNTER_WRITE_S, ENGINE_MODES, TorchServeSink, observe_engine_mode
+from tests.support.recording_sink import RecordingSink
 
 
 def test_engine_mode_sets_its_series_to_one_and_the_others_to_zero():

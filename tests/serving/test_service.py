@@ -8,9 +8,9 @@ import pytest
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.serving.continuous_service import ContinuousService
-from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
 from handler.serving.service import DynamicService, Incoming, Reply
+from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
 
 LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8, served_model_name="llm")

@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from handler.serving.continuous_service import QUIET_CALLS, ContinuousService
-from handler.serving.metrics import RecordingSink
 from handler.serving.protocol import Limits
 from handler.serving.service import DynamicService, Incoming, Reply
+from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
 from tests.support.tiny_model import counting_engine
 
