@@ -38,10 +38,8 @@ log = logging.getLogger(__name__)
 
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
-# Bump when the layout below changes; it is part of the artifact's cache key. 7: packed quantized weights;
-# 8: prefill from any position; 9: bf16 single rows call ts_llm::bf16_linear; 10: and so do decode batches
-# over a float32 copy; 11: int4 without minimums, prefill chunks padded to 4; 12: quantized weights as
-# StoredWeight parts, k-quants; 13: a GGUF's embedding looked up from its quantized rows.
+# Bump when the saved graphs' layout changes: it is part of the artifact's cache key (what each
+# value meant: docs/benchmarks.md, "Compile settings").
 FORMAT = 13
 
 
@@ -164,10 +162,9 @@ def expected_graphs(step: StepName, kinds: tuple[GraphKind, ...] = KINDS) -> int
 def single_shapes(step: StepName, cfg: EngineConfig, sizes: set[int]) -> list[Shape]:
     """The example of decode's batch-1 graph (one sequence decoding alone): the batch is
     specialized to 1, the window stays a symbol, so one graph serves every window. Its
-    projections compile to matrix-vector kernels (linear.Linear), ~2x aten's mm there. Compiled
-    first, it is what match() picks for batch 1. One graph, not one static graph per window:
-    measured on AVX2 (default model, GGUF) as fast (15.7 vs 18.5 ms a step at window 256) for
-    ~1/4 of the compile time at 2048 positions; with bf16 weights ~9% slower (25.7 vs 23.6 ms)."""
+    projections compile to matrix-vector kernels (linear.Linear). Compiled first, it is what
+    match() picks for batch 1. One graph rather than one per window: about as fast, for a
+    quarter of the compile time (docs/benchmarks.md, "Compile settings")."""
     if step != "decode":
         return []
     windows = sorted({s.length for s in serving_shapes(step, cfg)})
@@ -203,17 +200,10 @@ def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bo
             # The batch as an unbacked size: torch then cannot specialize it to 1 (the 0/1 rule),
             # so one graph serves batch 1 and batch 32 alike instead of two.
             torch._dynamo.decorators.mark_unbacked(arg, 0)
-    # size_asserts off: CompiledStep.match has checked the guards, which cover every input's sizes
-    # and strides, for each signature; the wrapper's own asserts (~250 per decode step) cost
-    # 0.2-0.4 ms of a 17 ms batch-1 step on AVX2.
-    # cpp_wrapper: the graph's wrapper (the code calling its ~400 kernels and ops a decode step)
-    # is C++, not Python: a batch-1 decode step of the default model (AVX2, GGUF) took 11.4 ms
-    # with it and 16.6 ms without, for the same compile time (~60 s a graph).
-    # cpp_wrapper_build_separate: the wrapper (~4,000 lines of kernel calls for 30 layers) is
-    # compiled apart from the kernels (-O3); at -O3 with them it was ~60 s of a ~150 s batch-1
-    # decode graph (Zen 4), and the step measured no slower (6.2 vs 7.1 ms). At -O0 (Inductor's
-    # default for it is -O1) it builds in ~2 s instead of 7-9 s, but the batch-1 step measured
-    # 5-8% slower (7.14 vs 6.58 ms, the two graphs in one process, interleaved): not worth it.
+    # size_asserts off: CompiledStep.match has checked the guards (every input's sizes and strides).
+    # cpp_wrapper: the code calling a step's ~400 kernels is C++, not Python (a third off a
+    # batch-1 step); built apart from the kernels, so the kernels' -O3 does not cost a minute on
+    # it. Measurements: docs/benchmarks.md, "Compile settings".
     options = {"max_autotune": cfg.max_autotune, "size_asserts": False, "cpp_wrapper": True,
                "cpp_wrapper_build_separate": True}
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
@@ -228,10 +218,8 @@ def trace_settings() -> Any:
     specializes them, aot_compile cannot restart, so they are specialized up front. Each layer's
     step is a compile region (model.Block): Dynamo traces it once for all 30 layers, and inlining
     the regions gives AOT autograd and Inductor the flat graph they would otherwise get (the same
-    kernels, outputs equal bit for bit). Dynamo was ~20% of a graph's compile CPU: 49 -> 39 s for
-    decode's batch-1 graph, 67 -> 56 s for its general graph, 74 -> 59 s for prefill's (Zen 4, one
-    process, measured against the trace of every layer). Without the inlining Inductor would
-    call the region as a subgraph, which its C++ wrapper cannot do."""
+    kernels, outputs equal bit for bit), a fifth less compile CPU. Without the inlining Inductor
+    would call the region as a subgraph, which its C++ wrapper cannot do."""
     return torch._dynamo.config.patch(specialize_float=True, inline_invoke_subgraph=True)
 
 

@@ -1,11 +1,9 @@
 """The cold compile's graphs side by side: prefill's, and decode's general graph, each compiled
 in a process of its own while this process compiles decode's batch-1 graph.
 
-A graph compiles in one thread: Dynamo, AOT autograd and Inductor's scheduler are Python, then
-g++, ~40-60 s of CPU a graph for the default model. The whole compile process alone (2 cores,
-Zen 4, one run each, the C++ wrapper at -O0 then): decode's two graphs one after the other
-beside prefill, 145 s; all three side by side, 137 s. Each graph is slower sharing the cores,
-but none waits for another; with three cores or more they finish together. The children
+A graph compiles in one thread (Dynamo, AOT autograd and Inductor's scheduler are Python, then
+g++), so graphs side by side use the cores a compile would leave idle; each is slower sharing
+them, but none waits for another (docs/benchmarks.md, "Compile settings"). The children
 compile into this compile's Inductor build dir, so the kernels and header they build are packed
 with the artifact, and save their graphs, which are loaded here and join this process's graphs
 in one artifact. In handler.engine.compiled.compile_process they are forked with the model prepared
