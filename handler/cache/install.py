@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from handler.cache.errors import ArtifactVerificationError
-from handler.cache.manifest import MANIFEST_NAME, Manifest, sizes_match
+from handler.cache.check import check_artifact
+from handler.cache.key import CacheKey
+from handler.cache.manifest import Manifest
 
 _held = threading.local()  # lock files this thread holds: re-entering one is a no-op
 
@@ -64,25 +65,11 @@ def install_lock_if_free(dest_dir: Path) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def installed_manifest(dest_dir: Path) -> Manifest | None:
-    try:
-        return Manifest.from_json((dest_dir / MANIFEST_NAME).read_bytes())
-    except FileNotFoundError:
-        return None
-    except ArtifactVerificationError:
-        return None  # a damaged local copy only means "not installed": fetch again
-
-
-def installed(dest_dir: Path, key_digest: str) -> Manifest | None:
-    """The manifest of the artifact for this key if it is already in place, else None.
-
-    Checks sizes, not hashes: every file was hashed when it was installed, and re-hashing
-    gigabytes on each worker start would cost what the cache is meant to save.
-    """
-    manifest = installed_manifest(dest_dir)
-    if manifest is None or manifest.key_digest != key_digest or not sizes_match(dest_dir, manifest):
-        return None
-    return manifest
+def installed(dest_dir: Path, key: CacheKey) -> Manifest | None:
+    """The manifest of the artifact for this key if it is already in place, else None (a damaged
+    local copy only means "not installed": fetch again). Sizes, not hashes (handler.cache.check)."""
+    checked = check_artifact(dest_dir, key, hashes=False)
+    return checked.manifest if checked.verified else None
 
 
 def clear_leftovers(dest_dir: Path) -> None:

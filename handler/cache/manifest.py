@@ -129,19 +129,3 @@ def _verify_file(path: Path, entry: FileEntry) -> None:
     digest = sha256_file(path)
     if digest != entry.sha256:
         raise ArtifactVerificationError(entry.path, f"sha256 {digest} != {entry.sha256} in manifest")
-
-
-def size_mismatch(root: Path, manifest: Manifest) -> tuple[FileEntry, int | None] | None:
-    """Stat-only: the first listed file that is missing (size None) or of another size than
-    listed, with its size; None when every file is present with its size."""
-    for entry in manifest.files:
-        path = root / entry.path
-        size = path.stat().st_size if path.is_file() else None
-        if size != entry.size:
-            return entry, size
-    return None
-
-
-def sizes_match(root: Path, manifest: Manifest) -> bool:
-    """Stat-only check of an installed artifact: every listed file present with its size."""
-    return size_mismatch(root, manifest) is None

@@ -129,7 +129,7 @@ class BlobStore(ABC):
         with install_lock(dest_dir):
             # A waiter that lost the lock race finds the winner's artifact here and skips the
             # download; this path needs no store at all.
-            local = installed(dest_dir, digest)
+            local = installed(dest_dir, key)
             if local is not None:
                 return FetchResult(digest, dest_dir, False, len(local.files), local.total_bytes,
                                    time.monotonic() - start)

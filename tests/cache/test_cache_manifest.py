@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from handler.cache.errors import ArtifactVerificationError
-from handler.cache.manifest import Manifest, build_manifest, size_mismatch, sizes_match, verify_dir
+from handler.cache.manifest import Manifest, build_manifest, verify_dir
 
 
 def test_build_then_verify_round_trips_through_json(artifact: Path, key):
@@ -69,19 +69,3 @@ def test_symlinks_are_not_published(artifact: Path, key, tmp_path: Path):
     (artifact / "link").symlink_to(tmp_path)
     with pytest.raises(ValueError, match="symlinks"):
         build_manifest(artifact, key.describe())
-
-
-def test_size_mismatch_names_the_first_file_off_and_its_size(artifact: Path, key):
-    manifest = build_manifest(artifact, key.describe())
-    assert size_mismatch(artifact, manifest) is None
-    (artifact / "index.json").write_bytes(b"{}")
-    entry, size = size_mismatch(artifact, manifest)
-    assert (entry.path, size) == ("index.json", 2)
-    assert not sizes_match(artifact, manifest)
-
-
-def test_size_mismatch_reports_a_missing_file_with_no_size(artifact: Path, key):
-    manifest = build_manifest(artifact, key.describe())
-    (artifact / "index.json").unlink()
-    entry, size = size_mismatch(artifact, manifest)
-    assert (entry.path, size) == ("index.json", None)

@@ -78,7 +78,7 @@ def test_background_restore_holds_the_lock_before_returning(tmp_path: Path, arti
     assert not _lock_is_free(dest)
     store.gate.set()
     with install_lock(dest):
-        assert installed(dest, key.digest()) is not None
+        assert installed(dest, key) is not None
     assert outcome.result(timeout=10) is RestoreOutcome.RESTORED
     assert _lock_is_free(dest)
 

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from handler.cache.check import Verdict
 from handler.cache.key import CacheKey
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.compiled import aot, artifacts
-from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.compile_process import start_compile_process
 from handler.engine.config import EngineConfig
 

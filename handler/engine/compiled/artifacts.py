@@ -13,16 +13,15 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 
 import torch
 
 from handler.cache import shelf
-from handler.cache.errors import ArtifactVerificationError
+from handler.cache.check import Checked, Verdict, check_artifact
 from handler.cache.install import clear_leftovers, install_lock, replace_dir, staging_dir
 from handler.cache.key import CacheKey, current_key, digest_files
-from handler.cache.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_dir
+from handler.cache.manifest import MANIFEST_NAME, build_manifest
 from handler.engine import platform
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.compiled import aot
@@ -103,43 +102,9 @@ def write_key_file(key: CacheKey, path: Path) -> None:
 
 # ---- lookup -----------------------------------------------------------------------------------
 
-class Verdict(StrEnum):
-    VERIFIED = "verified"
-    ABSENT = "absent"  # no artifact there (no manifest)
-    OTHER_KEY = "other_key"  # an artifact built for something else: torch, config, weights, CPU
-    REJECTED = "rejected"  # the files do not match the manifest: never loaded
-
-
-@dataclass(frozen=True)
-class Checked:
-    path: Path
-    verdict: Verdict
-    detail: str = ""
-
-
 def check_dir(path: Path, key: CacheKey) -> Checked:
     """Is `path` a complete, untampered artifact for `key`? Hashes every file."""
-    try:
-        manifest = Manifest.from_json((path / MANIFEST_NAME).read_bytes())
-    except FileNotFoundError:
-        return Checked(path, Verdict.ABSENT)
-    except ArtifactVerificationError as err:
-        return Checked(path, Verdict.REJECTED, str(err))
-    if manifest.key_digest != key.digest():
-        return Checked(path, Verdict.OTHER_KEY, _key_difference(manifest.key, key))
-    if manifest.key != key.describe():
-        return Checked(path, Verdict.REJECTED, "manifest key fields do not match its digest")
-    try:
-        verify_dir(path, manifest)
-    except ArtifactVerificationError as err:
-        return Checked(path, Verdict.REJECTED, str(err))
-    return Checked(path, Verdict.VERIFIED)
-
-
-def _key_difference(theirs: dict, ours: CacheKey) -> str:
-    mine = ours.describe()
-    fields = [f"{k}: {theirs.get(k)!r} != {v!r}" for k, v in mine.items() if k != "digest" and theirs.get(k) != v]
-    return "; ".join(fields) or f"digest {theirs.get('digest')!r} != {ours.digest()!r}"
+    return check_artifact(path, key, hashes=True)
 
 
 @dataclass(frozen=True)
@@ -187,7 +152,7 @@ def log_check(checked: Checked, key: CacheKey, on_rejected: Callable[[], None] |
     elif checked.verdict == Verdict.OTHER_KEY:
         # Not loaded either (another CPU target, torch, config or weights), and counted: on a
         # mixed fleet a steady count says a profile's artifact is missing from the store.
-        log.warning("compile artifacts at %s REFUSED: built for another key (%s); this worker needs %s",
+        log.warning("compile artifacts at %s REFUSED: %s; this worker needs %s",
                     checked.path, checked.detail, key.digest())
         if on_rejected is not None:
             on_rejected()

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import torch
 
+from handler.cache.check import Verdict
 from handler.cache.key import CacheKey
 from handler.engine import config
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import artifacts
-from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.child_process import exit_now, watch_parent
 from handler.engine.compiled.cold_compile import compile_and_install
 from handler.engine.compiled.errors import CompileError

@@ -37,14 +37,14 @@ from prometheus_client import CollectorRegistry
 
 from handler.cache import (
     ArtifactStore,
-    ArtifactVerificationError,
     CacheKey,
     CacheMetrics,
     StoreUriError,
     open_store as open_uri,
 )
+from handler.cache.check import Verdict, check_artifact
 from handler.cache.key import KEY_FILE_NAME
-from handler.cache.manifest import MANIFEST_NAME, Manifest, artifact_files, size_mismatch
+from handler.cache.manifest import artifact_files
 from handler.cache.sync import publish_if_new, restore_in_background
 from handler.files import write_atomic
 from handler.sidecar.errors import ConfigError, SidecarError
@@ -165,8 +165,8 @@ def publishable_key(key_path: Path, src_dir: Path) -> CacheKey | str:
     """The key in key_path when src_dir holds an artifact to publish under it, else why not:
     NO_KEY or NO_ARTIFACT. Hashes nothing: the store hashes what it uploads.
 
-    With an installed manifest (a restore's or a worker's install), the files must be exactly
-    the ones it lists, with their sizes, and its key the key file's. Without one, any file
+    With an installed manifest (a restore's or a worker's install), it must pass
+    handler.cache.check's size check for the key file's key. Without one, any file
     besides the key file is an artifact (a directory filled by hand), and a directory holding
     nothing else (the pod's key step's file only) has nothing to publish. Raises
     ArtifactDirError when src_dir holds something that must not be published, and ConfigError
@@ -175,10 +175,15 @@ def publishable_key(key_path: Path, src_dir: Path) -> CacheKey | str:
         return NO_KEY
     key = load_key(key_path)
     present = _artifact_files(src_dir)
-    manifest = _installed_manifest(src_dir)
-    if manifest is None:
+    checked = check_artifact(src_dir, key, hashes=False)
+    if checked.verdict == Verdict.ABSENT:
         return NO_ARTIFACT if set(present) <= {KEY_FILE_NAME} else key
-    _check_matches(src_dir, present, manifest, key, key_path)
+    if checked.verdict == Verdict.OTHER_KEY:
+        built = checked.manifest.key_digest if checked.manifest else "?"
+        raise ArtifactDirError(f"the artifact in {src_dir} was built for key {built}, but {key_path} "
+                               f"holds key {key.digest()}: not published under the wrong key")
+    if not checked.verified:
+        raise ArtifactDirError(f"{src_dir} {checked.detail}: not published")
     return key
 
 
@@ -189,42 +194,6 @@ def _artifact_files(src_dir: Path) -> dict[str, Path]:
         raise ArtifactDirError(f"{err}: not published") from err
     except OSError as err:
         raise ArtifactDirError(f"cannot list {src_dir}: {err}") from err
-
-
-def _installed_manifest(src_dir: Path) -> Manifest | None:
-    """The manifest in src_dir, None when there is none. Unlike handler.cache.install's, an
-    unusable one is an error here: publishing beside it would publish an unknown artifact."""
-    manifest_path = src_dir / MANIFEST_NAME
-    try:
-        return Manifest.from_json(manifest_path.read_bytes())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as err:
-        raise ArtifactDirError(f"cannot read {manifest_path}: {err}") from err
-    except ArtifactVerificationError as err:
-        raise ArtifactDirError(f"{src_dir} holds an unusable manifest ({err}): not published"
-                               ) from err
-
-
-def _check_matches(src_dir: Path, present: dict[str, Path], manifest: Manifest, key: CacheKey,
-                   key_path: Path) -> None:
-    """handler.cache.install.installed's checks (key, then sizes), plus no file beyond the
-    manifest's, each failure with its own message."""
-    if manifest.key_digest != key.digest():
-        raise ArtifactDirError(
-            f"the artifact in {src_dir} was built for key {manifest.key_digest}, but {key_path} "
-            f"holds key {key.digest()}: not published under the wrong key")
-    listed = {entry.path for entry in manifest.files}
-    odd = sorted(present.keys() ^ listed)
-    if not listed or odd:
-        what = f"{odd[0]} is {'not in' if odd and odd[0] in present else 'missing from'} it" \
-            if odd else "it lists no files"
-        raise ArtifactDirError(f"{src_dir} does not match its manifest ({what}): not published")
-    mismatch = size_mismatch(src_dir, manifest)
-    if mismatch is not None:
-        entry, size = mismatch
-        raise ArtifactDirError(f"{src_dir} does not match its manifest ({entry.path}: size "
-                               f"{size} != {entry.size}): not published")
 
 
 def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | None = None,

@@ -19,13 +19,14 @@ import pytest
 import torch
 
 from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
+from handler.cache.check import Verdict
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import platform
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, shapes
 from handler.engine.compiled.artifact_lookup import ArtifactRequest
-from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig

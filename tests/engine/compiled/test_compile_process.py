@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from handler.cache.check import Verdict
 from handler.cache.key import KEY_FILE_NAME
 from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import artifacts
-from handler.engine.compiled.artifacts import ArtifactPlaces, Verdict
+from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.compile_process import compile_into, wait_for_compile
 from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
