@@ -24,7 +24,9 @@ class Verdict(StrEnum):
 class Checked:
     path: Path
     verdict: Verdict
-    detail: str = ""  # why, when not VERIFIED: "<path> " + detail reads as a sentence
+    # why, when not VERIFIED: for OTHER_KEY the key fields that differ, else "<path> " + detail
+    # reads as a sentence
+    detail: str = ""
     manifest: Manifest | None = None  # read, unless ABSENT or unreadable
 
     @property
@@ -44,8 +46,7 @@ def check_artifact(path: Path, key: CacheKey, hashes: bool) -> Checked:
     except ArtifactVerificationError as err:
         return Checked(path, Verdict.REJECTED, f"holds an unusable manifest ({err})")
     if manifest.key_digest != key.digest():
-        return Checked(path, Verdict.OTHER_KEY, f"was built for another key ({_key_difference(manifest.key, key)})",
-                       manifest)
+        return Checked(path, Verdict.OTHER_KEY, _key_difference(manifest.key, key), manifest)
     if manifest.key != key.describe():
         return Checked(path, Verdict.REJECTED, "holds a manifest whose key fields do not match its digest", manifest)
     problem = _file_problem(path, manifest, hashes)

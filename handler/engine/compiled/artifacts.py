@@ -152,7 +152,7 @@ def log_check(checked: Checked, key: CacheKey, on_rejected: Callable[[], None] |
     elif checked.verdict == Verdict.OTHER_KEY:
         # Not loaded either (another CPU target, torch, config or weights), and counted: on a
         # mixed fleet a steady count says a profile's artifact is missing from the store.
-        log.warning("compile artifacts at %s REFUSED: %s; this worker needs %s",
+        log.warning("compile artifacts at %s REFUSED: built for another key (%s); this worker needs %s",
                     checked.path, checked.detail, key.digest())
         if on_rejected is not None:
             on_rejected()
