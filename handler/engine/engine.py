@@ -23,6 +23,7 @@ from torch import Tensor
 
 from handler.engine import EngineError
 from handler.engine.grammar import GrammarError, Grammars, Matcher
+from handler.engine.logit_controls import LogitControls
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import SamplingParams, make_generator, sample_next, token_logprob
 from handler.engine.sequence import Sequence, StepOutput, cut_at_stop, take_text
@@ -105,7 +106,8 @@ class Engine:
         leader = None
         for index, (p, matcher) in enumerate(zip(params, matchers)):
             slot = self._free_slot(prompt_ids if leader is None else [])
-            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher)
+            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher,
+                           LogitControls.for_params(p, prompt_ids, self.tokenizer.eos_ids))
             self._slots[slot] = seq
             self._waiting.append(seq)
             leader = leader or seq
@@ -281,6 +283,8 @@ class Engine:
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
         # logits: [len(seqs), V], this step's own copy (indexed out of the graph's output)
         for row, s in enumerate(seqs):
+            if s.controls is not None:
+                s.controls.apply(logits[row])
             if s.matcher is not None:
                 s.matcher.mask_logits(logits[row])
             if s.params.ignore_eos:  # never sampled, as llama.cpp does: no empty end-of-turn tokens mid-text
@@ -290,7 +294,9 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int, logits: Tensor, row: int) -> StepOutput:
         new_ids: tuple[int, ...] = ()
-        if token in self.tokenizer.eos_ids and not seq.params.ignore_eos:
+        if seq.controls is not None:
+            seq.controls.accept(token)
+        if (token in self.tokenizer.eos_ids and not seq.params.ignore_eos) or token in seq.params.stop_token_ids:
             seq.finish_reason = "stop"
         else:
             seq.output_ids.append(token)

@@ -28,6 +28,13 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens (end-of-sequence tokens are never sampled)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
     json_schema: str | None = None  # output constrained to this JSON schema (canonical JSON text; handler.engine.grammar)
+    # Logit controls (handler.engine.logit_controls), as OpenAI and vLLM define them:
+    frequency_penalty: float = 0.0  # minus this times each token's count in the output so far
+    presence_penalty: float = 0.0  # minus this for each token the output holds
+    repetition_penalty: float = 1.0  # tokens of the prompt or output: positive logits / it, negative * it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # end-of-sequence and stop_token_ids are not sampled before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # sampling one ends the sequence ("stop"), as end-of-sequence does
 
     def __post_init__(self):
         assert self.max_new_tokens >= 1, self.max_new_tokens
@@ -35,6 +42,12 @@ class SamplingParams:
         assert self.top_k >= 0, self.top_k
         assert 0.0 < self.top_p <= 1.0, self.top_p
         assert self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, self.logprobs
+        assert self.repetition_penalty > 0.0 and 0 <= self.min_tokens <= self.max_new_tokens, self
+
+    @property
+    def controls_logits(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:

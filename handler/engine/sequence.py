@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from handler.engine.grammar import Matcher
+from handler.engine.logit_controls import LogitControls
 from handler.engine.sampling import SamplingParams, TokenLogprob
 
 
@@ -22,6 +23,7 @@ class Sequence:
     index: int = 0  # which of its request's samples
     leader: Sequence | None = None  # the request's first sample, whose prefill this one copies
     matcher: Matcher | None = None  # its grammar's state, when params.json_schema constrains it
+    controls: LogitControls | None = None  # its penalties, bias and min_tokens, when params ask for any
     started: bool = False  # its prefill has begun (its slot's cached prefix is settled)
     prefilled: int = 0  # prompt positions with KV in its slot
     decoding: bool = False  # prefilled up to its prompt's last token, which decode takes

@@ -31,8 +31,16 @@ def error_body(message: str, status: int) -> str:
 
 def model_list_body(model: str, created: int) -> str:
     """OpenAI's `GET /v1/models`: the one model this endpoint serves."""
-    return json.dumps({"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                                   "owned_by": "ts-llm"}]})
+    return json.dumps({"object": "list", "data": [_model(model, created)]})
+
+
+def model_body(model: str, created: int) -> str:
+    """OpenAI's `GET /v1/models/{id}`."""
+    return json.dumps(_model(model, created))
+
+
+def _model(model: str, created: int) -> dict:
+    return {"id": model, "object": "model", "created": created, "owned_by": "ts-llm"}
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class LLMHandler(BaseHandler):
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
-                        min(MAX_N, engine_cfg.max_batch_size))
+                        min(MAX_N, engine_cfg.max_batch_size), loaded.engine.tokenizer.vocab_size)
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
         mode_args = {}
         if service_cls is ContinuousService:

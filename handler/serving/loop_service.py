@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from handler.serving import openmp
 from handler.serving.formats import error_body
-from handler.serving.protocol import is_model_list
+from handler.serving.protocol import models_route
 from handler.serving.service import BaseService, Incoming, Reply
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class LoopService(BaseService):
         try:
             item = self._inbox.get(block=block)
             while True:
-                if item is not None and is_model_list(item[0].url_path):
+                if item is not None and models_route(item[0].url_path) is not None:
                     item[1].done(self._admit(item[0]))  # asks nothing of the engine: no wait for a slot
                 elif item is not None:
                     self._waiting.append(item)

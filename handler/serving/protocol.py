@@ -2,7 +2,8 @@
 
 Three APIs share one engine: the native JSON API (`/predictions/<model>`) and OpenAI-style
 `v1/completions` and `v1/chat/completions` (TorchServe passes the URL suffix as `url_path`).
-`v1/models` (OpenAI's model list) asks nothing of the engine: is_model_list, answered by the service.
+`v1/models` (OpenAI's model list) and `v1/models/<id>` (retrieve) ask nothing of the engine:
+models_route, answered by the service.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Limits:
     default_max_new_tokens: int
     served_model_name: str
     max_n: int = MAX_N  # at most the engine's slots
+    vocab_size: int | None = None  # the tokenizer's: token ids in logit_bias / stop_token_ids must be below it
 
 
 @dataclass(frozen=True)
@@ -54,20 +56,29 @@ class GenerationRequest:
 
 
 # Fields each API accepts; anything else is rejected by name.
+_CONTROLS = {"frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "stop_token_ids"}
 _COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos", "response_format"}
 FIELDS = {
-    "native": _COMMON | {"prompt", "messages"},
-    "completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                    "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs", "response_format"},
-    "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs",
-             "response_format"},
+    "native": _COMMON | _CONTROLS | {"prompt", "messages"},
+    "completions": _CONTROLS | {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+                                "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs", "response_format",
+                                "echo", "suffix"},
+    "chat": _CONTROLS | {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+                         "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs",
+                         "response_format"},
 }
+MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty and presence_penalty: -2..2
+MAX_LOGIT_BIAS = 100.0  # OpenAI's: -100..100
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
-def is_model_list(url_path: str) -> bool:
-    return url_path.strip("/") == MODEL_LIST_PATH
+def models_route(url_path: str) -> str | None:
+    """None: not OpenAI's models route; "": the model list; else the model id asked for (retrieve)."""
+    path = url_path.strip("/")
+    if path == MODEL_LIST_PATH:
+        return ""
+    prefix = MODEL_LIST_PATH + "/"
+    return path[len(prefix):] if path.startswith(prefix) and len(path) > len(prefix) else None
 
 
 def api_for_path(url_path: str) -> str:
@@ -128,6 +139,10 @@ def _check_openai_extras(data: dict, limits: Limits) -> None:
     if "best_of" in data:
         raise RequestError("`best_of` is not supported (it would rank completions server-side); ask for `n` completions "
                            "with `logprobs` and rank them yourself")
+    if _get(data, "echo", bool, False):
+        raise RequestError("`echo` is not supported; the prompt is yours already: prepend it to the completion")
+    if _get(data, "suffix", str, None):
+        raise RequestError("`suffix` (fill-in-the-middle) is not supported; send the text before the gap as `prompt`")
 
 
 def _n(data: dict, limits: Limits) -> int:
@@ -206,7 +221,45 @@ def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
     seed = _get(data, "seed", int, None)
     ignore_eos = _get(data, "ignore_eos", bool, False)  # benchmarks: always produce max_new_tokens
     return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos,
-                          _logprobs(api, data), _json_schema(data))
+                          _logprobs(api, data), _json_schema(data), **_logit_controls(data, max_new, limits))
+
+
+def _logit_controls(data: dict, max_new: int, limits: Limits) -> dict:
+    controls: dict[str, Any] = {}
+    for name in ("frequency_penalty", "presence_penalty"):
+        controls[name] = value = _get(data, name, float, 0.0)
+        if not -MAX_PENALTY <= value <= MAX_PENALTY:
+            raise RequestError(f"`{name}` must be between -{MAX_PENALTY:g} and {MAX_PENALTY:g}, got {value:g}")
+    controls["repetition_penalty"] = value = _get(data, "repetition_penalty", float, 1.0)
+    if value <= 0.0:
+        raise RequestError(f"`repetition_penalty` must be > 0 (1 turns it off), got {value:g}")
+    controls["min_tokens"] = value = _get(data, "min_tokens", int, 0)
+    if not 0 <= value <= max_new:
+        raise RequestError(f"`min_tokens` must be between 0 and the request's max tokens ({max_new}), got {value}")
+    controls["logit_bias"] = _logit_bias(_get(data, "logit_bias", dict, {}), limits)
+    ids = _get(data, "stop_token_ids", list, [])
+    controls["stop_token_ids"] = tuple(_token_id(i, "stop_token_ids", limits) for i in ids)
+    return controls
+
+
+def _logit_bias(bias: dict, limits: Limits) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias}, the id a string (JSON keys are)."""
+    out = []
+    for key, value in bias.items():
+        token = _token_id(int(key) if key.strip().isdigit() else key, "logit_bias", limits)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise RequestError(f"`logit_bias` values must be numbers between -{MAX_LOGIT_BIAS:g} and "
+                               f"{MAX_LOGIT_BIAS:g}, got {json.dumps(value)} for token {key}")
+        out.append((token, float(value)))
+    return tuple(sorted(out))
+
+
+def _token_id(value: Any, name: str, limits: Limits) -> int:
+    top = limits.vocab_size
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value >= top):
+        below = f" below {top}" if top is not None else ""
+        raise RequestError(f"`{name}` takes token ids (integers >= 0{below}), got {json.dumps(value)}")
+    return value
 
 
 def _logprobs(api: str, data: dict) -> int | None:
@@ -264,6 +317,7 @@ def _get(data: dict, key: str, kind: type, default):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object"}
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
+                 list: "a list"}
         raise RequestError(f"`{key}` must be {names[kind]}, got {json.dumps(value)}")
     return float(value) if kind is float else value

@@ -23,9 +23,9 @@ from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
 from handler.engine.sequence import StepOutput
-from handler.serving.formats import Choice, Formatter, Usage, error_body, model_list_body
+from handler.serving.formats import Choice, Formatter, Usage, error_body, model_body, model_list_body
 from handler.serving.metrics import MetricSink
-from handler.serving.protocol import GenerationRequest, Limits, RequestError, is_model_list, parse_request
+from handler.serving.protocol import GenerationRequest, Limits, RequestError, models_route, parse_request
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
                "finished; retry on another replica")
@@ -125,8 +125,8 @@ class BaseService:
 
     def _accept(self, inc: Incoming) -> Reply | None:
         """Parse into self.live, not yet started; a Reply when the request is refused, or asks nothing of the engine."""
-        if is_model_list(inc.url_path):
-            return Reply(model_list_body(self.limits.served_model_name, self.started))
+        if (model := models_route(inc.url_path)) is not None:
+            return self._models_reply(model)
         if self.draining() or self.cutting():
             # Refused before it was accepted: the client retries on another replica.
             self.metrics.observe("ts_llm_request_failure_total", 1, "draining")
@@ -141,6 +141,14 @@ class BaseService:
         fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
         self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), [Sample() for _ in range(req.n)])
         return None
+
+    def _models_reply(self, model: str) -> Reply:
+        served = self.limits.served_model_name
+        if not model:
+            return Reply(model_list_body(served, self.started))
+        if model != served:
+            return Reply(error_body(f"model {model!r} does not exist; this endpoint serves {served!r}", 404), 404)
+        return Reply(model_body(served, self.started))
 
     def _check_schema(self, schema: str | None) -> None:
         """A 400 now for a schema the engine cannot constrain to, not an error at admission."""

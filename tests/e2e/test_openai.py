@@ -35,6 +35,13 @@ def test_chat_completions(client):
     assert r.choices[0].message.content.strip()
 
 
+def test_penalties_logit_bias_and_vllm_controls_reach_the_engine(client):
+    r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Name a color."}], max_tokens=4,
+                                       temperature=0, logit_bias={"28": 100}, frequency_penalty=0.5, presence_penalty=0.5,
+                                       extra_body={"repetition_penalty": 1.1, "min_tokens": 4, "stop_token_ids": [2]})
+    assert r.choices[0].message.content == ",,,," and r.choices[0].finish_reason == "length"
+
+
 def test_chat_stream_with_usage(client):
     stream = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Hi!"}], max_tokens=6,
                                             temperature=0, stream=True, stream_options={"include_usage": True})
@@ -45,6 +52,12 @@ def test_chat_stream_with_usage(client):
 
 def test_models_list_names_the_served_model(client):
     assert [m.id for m in client.models.list()] == ["llm"]
+
+
+def test_a_model_is_retrieved_by_its_id(client):
+    assert client.models.retrieve("llm").id == "llm"
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-4o' does not exist"):
+        client.models.retrieve("gpt-4o")
 
 
 def test_unknown_model_is_a_404(client):

@@ -74,6 +74,13 @@ def test_the_model_list_names_the_served_model_and_uses_no_slot():
     assert body["object"] == "list" and [(m["id"], m["object"]) for m in body["data"]] == [("llm", "model")]
 
 
+def test_a_model_is_retrieved_by_its_id_and_another_id_is_a_404():
+    service = continuous()
+    found, missing = service.handle([Incoming("m", b"", True, "v1/models/llm"), Incoming("x", b"", True, "v1/models/gpt-4o")])
+    assert found.status == 200 and json.loads(found.body)["id"] == "llm"
+    assert missing.status == 404 and "model 'gpt-4o' does not exist" in json.loads(missing.body)["error"]["message"]
+
+
 def test_an_http_request_beyond_the_free_slots_waits_for_one():
     service = continuous(slots=1)
     replies = drive(service, [Incoming("a", req(n=5), True), Incoming("b", req(n=5), True)])
