@@ -23,9 +23,8 @@ from torch import Tensor
 
 from handler.engine import EngineError
 from handler.engine.grammar import GrammarError, Grammars, Matcher
-from handler.engine.logit_controls import LogitControls
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
-from handler.engine.sampling import SamplingParams, make_generator, sample_next, token_logprob
+from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next, token_logprob
 from handler.engine.sequence import Sequence, StepOutput, cut_at_stop, take_text
 from handler.engine.tokenizer import Tokenizer
 

@@ -1,5 +1,9 @@
 """Per-request sampling: greedy, temperature, top-k, top-p, each request with its own seed; the
-log-probabilities of sampled tokens for requests that ask for them."""
+log-probabilities of sampled tokens for requests that ask for them; and the logit controls
+(LogitControls: logit_bias, min_tokens, repetition_penalty, presence_penalty, frequency_penalty, as
+OpenAI and vLLM define them) applied to a sequence's row of logits after the compiled step. Each
+row keeps its own dense [V] state, so one request's controls never touch another's row and a step
+costs a few vector ops per row, whatever the length."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens (end-of-sequence tokens are never sampled)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
     json_schema: str | None = None  # output constrained to this JSON schema (canonical JSON text; handler.engine.grammar)
-    # Logit controls (handler.engine.logit_controls), as OpenAI and vLLM define them:
+    # Logit controls (LogitControls below), as OpenAI and vLLM define them:
     frequency_penalty: float = 0.0  # minus this times each token's count in the output so far
     presence_penalty: float = 0.0  # minus this for each token the output holds
     repetition_penalty: float = 1.0  # tokens of the prompt or output: positive logits / it, negative * it
@@ -103,3 +107,50 @@ def token_logprob(logits: Tensor, token_id: int, p: SamplingParams) -> TokenLogp
     # A grammar may allow fewer than k tokens: the rest are -inf, which JSON cannot carry.
     top = tuple((i, v) for i, v in zip(ids.tolist(), values.tolist()) if v != float("-inf"))
     return TokenLogprob(token_id, float(logprobs[token_id]), top)
+
+
+class LogitControls:
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], end_ids: frozenset[int]):
+        self.params = params
+        self._prompt_ids = prompt_ids
+        self._end_ids = sorted(end_ids | set(params.stop_token_ids))  # held back until min_tokens
+        self._generated = 0
+        self._bias: Tensor | None = None  # [V] float32, logit_bias
+        self._counts: Tensor | None = None  # [V] float32, each token's count in the output
+        self._seen: Tensor | None = None  # [V] bool, tokens of the prompt or the output
+
+    @classmethod
+    def for_params(cls, params: SamplingParams, prompt_ids: list[int], end_ids: frozenset[int]) -> LogitControls | None:
+        return cls(params, prompt_ids, end_ids) if params.controls_logits else None
+
+    def apply(self, logits: Tensor) -> None:
+        """logits: [V] float32, in place."""
+        if self._counts is None:
+            self._allocate(logits.shape[-1], logits.device)
+        assert self._bias is not None and self._counts is not None and self._seen is not None
+        p = self.params
+        if p.logit_bias:
+            logits += self._bias
+        if self._generated < p.min_tokens:
+            logits[self._end_ids] = float("-inf")
+        if p.repetition_penalty != 1.0:
+            penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
+            logits.copy_(torch.where(self._seen, penalized, logits))
+        if p.frequency_penalty:
+            logits -= p.frequency_penalty * self._counts
+        if p.presence_penalty:
+            logits -= p.presence_penalty * (self._counts > 0).float()
+
+    def accept(self, token: int) -> None:
+        self._generated += 1
+        if self._counts is not None and self._seen is not None:
+            self._counts[token] += 1
+            self._seen[token] = True
+
+    def _allocate(self, vocab: int, device: torch.device) -> None:
+        self._bias = torch.zeros(vocab, device=device)
+        for token, bias in self.params.logit_bias:
+            self._bias[token] = bias
+        self._counts = torch.zeros(vocab, device=device)
+        self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self._seen[torch.tensor(self._prompt_ids, device=device)] = True

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from handler.engine.grammar import Matcher
-from handler.engine.logit_controls import LogitControls
-from handler.engine.sampling import SamplingParams, TokenLogprob
+from handler.engine.sampling import LogitControls, SamplingParams, TokenLogprob
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Logit controls on a row of logits (pure), then in the engine on the real default model:
+"""LogitControls (engine/sampling.py) on a row of logits (pure), then in the engine on the real default model:
 penalties as a reference loop over transformers computes them, one request's controls leave
 the other rows of its batch alone."""
 from __future__ import annotations
@@ -8,8 +8,7 @@ import torch
 
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.logit_controls import LogitControls
-from handler.engine.sampling import SamplingParams
+from handler.engine.sampling import LogitControls, SamplingParams
 
 END = frozenset({0})
 
