@@ -85,5 +85,6 @@ class Matcher:
 
 
 def schema_text(schema: object) -> str:
-    """A schema as canonical JSON text (the grammar cache's key)."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    """A schema as compact JSON text (the grammar cache's key), in its own key order: an object's
+    properties are written in the order the schema gives them, as OpenAI's structured outputs do."""
+    return json.dumps(schema, separators=(",", ":"))

@@ -31,7 +31,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens (end-of-sequence tokens are never sampled)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
-    json_schema: str | None = None  # output constrained to this JSON schema (canonical JSON text; handler.engine.grammar)
+    json_schema: str | None = None  # output constrained to this JSON schema (grammar.schema_text)
     # Logit controls (LogitControls below), as OpenAI and vLLM define them:
     frequency_penalty: float = 0.0  # minus this times each token's count in the output so far
     presence_penalty: float = 0.0  # minus this for each token the output holds

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -43,16 +44,31 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The model's chat template rendered as transformers renders it (a sandboxed Jinja with
+        its `tojson` and `raise_exception`); a template that refuses the request says why."""
         if not self.chat_template:
             raise ChatTemplateError("this model has no chat template; send `prompt` instead of `messages`")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=True, **self.special_tokens)
+        env.filters["tojson"] = _tojson  # not Jinja's own, which escapes <, > and & for HTML
+        env.globals["raise_exception"] = _raise
+        try:
+            template = env.from_string(self.chat_template)
+            return template.render(messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens)
+        except TemplateError as err:
+            raise ChatTemplateError(f"the model's chat template cannot render these messages: {err}") from err
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         # The template already writes the special tokens it wants.
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
+
+
+def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str):
+    raise TemplateError(message)
 
 
 def _read_json(path: Path) -> dict:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from handler.engine.sampling import TokenLogprob
+from handler.serving.tool_calls import ToolCall
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Choice:
     text: str
     finish_reason: str
     logprobs: Sequence[TokenLogprob] | None = None
+    tool_calls: Sequence[ToolCall] = ()
 
 
 @dataclass
@@ -76,15 +78,17 @@ class Formatter:
             out = [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.logprobs, i)}
                    for i, c in enumerate(choices)]
             return json.dumps(self._envelope("text_completion", out) | {"usage": u})
-        out = [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
+        out = [{"index": i, "message": _message(c), "finish_reason": c.finish_reason,
                 "logprobs": self._logprobs(c.logprobs)} for i, c in enumerate(choices)]
         return json.dumps(self._envelope("chat.completion", out) | {"usage": u})
 
     def chunk(self, delta: str, finish_reason: str | None, usage: Usage,
-              logprobs: Sequence[TokenLogprob] | None = None, index: int = 0, last: bool | None = None) -> str:
+              logprobs: Sequence[TokenLogprob] | None = None, index: int = 0, last: bool | None = None,
+              tool_calls: Sequence[ToolCall] = ()) -> str:
         """One streamed piece of choice `index`: NDJSON line (native) or server-sent events
         (OpenAI); logprobs: the tokens' since the previous piece, when the request asked for them.
-        last: the request's final piece (default: this choice finished), which ends the stream."""
+        last: the request's final piece (default: this choice finished), which ends the stream.
+        tool_calls: the choice's calls, each whole in this piece (chat)."""
         last = finish_reason is not None if last is None else last
         if self.api == "native":
             piece = {"text": delta, "finish_reason": finish_reason}
@@ -96,7 +100,9 @@ class Formatter:
                       "logprobs": self._logprobs(logprobs, index)}
             events = [self._envelope("text_completion", [choice])]
         else:
-            d = {"content": delta}
+            d: dict = {"content": delta}
+            if tool_calls:
+                d = {"content": delta or None, "tool_calls": [{"index": k} | c.body() for k, c in enumerate(tool_calls)]}
             if index not in self._sent_role:
                 d["role"] = "assistant"
                 self._sent_role.add(index)
@@ -139,3 +145,9 @@ class Formatter:
     def _envelope(self, kind: str, choices: list) -> dict:
         prefix = "chatcmpl-" if kind.startswith("chat") else "cmpl-"
         return {"id": prefix + self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+
+def _message(c: Choice) -> dict:
+    if not c.tool_calls:
+        return {"role": "assistant", "content": c.text}
+    return {"role": "assistant", "content": c.text or None, "tool_calls": [call.body() for call in c.tool_calls]}

@@ -22,6 +22,7 @@ from handler.serving.loop_service import Delivery, LoopService
 from handler.serving.metrics import TorchServeSink, observe_engine_mode
 from handler.serving.protocol import MAX_N, Limits
 from handler.serving.service import DynamicService, Incoming, Reply
+from handler.serving.tools import tool_format
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class LLMHandler(BaseHandler):
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
-                        min(MAX_N, engine_cfg.max_batch_size), loaded.engine.tokenizer.vocab_size)
+                        min(MAX_N, engine_cfg.max_batch_size), loaded.engine.tokenizer.vocab_size,
+                        tool_format(loaded.engine.tokenizer.chat_template))
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
         mode_args = {}
         if service_cls is ContinuousService:

@@ -14,13 +14,15 @@ from typing import Any
 
 from handler.engine.grammar import ANY_OBJECT, schema_text
 from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from handler.serving.tools import ToolsError, ToolSpec, generic_messages, parse_tools, template_message
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
 MODEL_LIST_PATH = "v1/models"
 MAX_STOP_STRINGS = 4
 MAX_N = 8  # OpenAI's n: completions of one prompt, each in a KV-cache slot of its own
 MAX_TEMPERATURE = 100.0
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 
 class RequestError(ValueError):
@@ -37,6 +39,7 @@ class Limits:
     served_model_name: str
     max_n: int = MAX_N  # at most the engine's slots
     vocab_size: int | None = None  # the tokenizer's: token ids in logit_bias / stop_token_ids must be below it
+    tool_format: str = "generic"  # how the model's chat template writes tool calls (tools.tool_format)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool = False  # OpenAI stream_options.include_usage
     n: int = 1  # completions of the prompt (OpenAI's n)
+    tools: ToolSpec | None = None  # the functions the answer may call (chat's `tools`)
 
     def sample_params(self) -> list[SamplingParams]:
         """Each completion's: with a seed, completion i samples with seed + i (reproducible, distinct)."""
@@ -65,7 +69,7 @@ FIELDS = {
                                 "echo", "suffix"},
     "chat": _CONTROLS | {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
                          "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs",
-                         "response_format"},
+                         "response_format", "tools", "tool_choice", "parallel_tool_calls"},
 }
 MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty and presence_penalty: -2..2
 MAX_LOGIT_BIAS = 100.0  # OpenAI's: -100..100
@@ -121,15 +125,23 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
     if api != "native":
         _check_openai_extras(data, limits)
     n = _n(data, limits) if api != "native" else 1
-    prompt_ids = _prompt_ids(api, data, encode, encode_chat)
+    try:
+        tools = parse_tools(data, limits.tool_format) if api == "chat" else None
+    except ToolsError as err:
+        raise RequestError(str(err)) from err
+    prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools)
     params = _sampling(api, data, limits)
+    if tools is not None and tools.constrained:
+        if params.json_schema is not None:
+            raise RequestError("send `response_format` or `tools` (with `tool_choice` other than \"none\"), not both")
+        params = replace(params, json_schema=tools.schema())
     if len(prompt_ids) + params.max_new_tokens > limits.max_seq_len:
         raise RequestError(
             f"prompt is {len(prompt_ids)} tokens and max_new_tokens is {params.max_new_tokens}: together they exceed "
             f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
     stream = _get(data, "stream", bool, False)
     options = _get(data, "stream_options", dict, {}) or {}
-    return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)), n)
+    return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)), n, tools)
 
 
 def _check_openai_extras(data: dict, limits: Limits) -> None:
@@ -152,12 +164,12 @@ def _n(data: dict, limits: Limits) -> int:
     return n
 
 
-def _prompt_ids(api: str, data: dict, encode, encode_chat) -> list[int]:
+def _prompt_ids(api: str, data: dict, encode, encode_chat, tools: ToolSpec | None) -> list[int]:
     has_prompt, has_messages = "prompt" in data, "messages" in data
     if api == "native" and has_prompt == has_messages:
         raise RequestError("send exactly one of `prompt` (a string) or `messages` (a chat)")
     if api == "chat" or (api == "native" and has_messages):
-        return _chat_ids(data.get("messages"), encode_chat)
+        return _chat_ids(data.get("messages"), encode_chat, tools)
     prompt = data.get("prompt")
     if api == "completions" and isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]  # OpenAI clients may wrap a single prompt in a list
@@ -168,22 +180,35 @@ def _prompt_ids(api: str, data: dict, encode, encode_chat) -> list[int]:
     return encode(prompt)
 
 
-def _chat_ids(messages: Any, encode_chat) -> list[int]:
+def _chat_ids(messages: Any, encode_chat, tools: ToolSpec | None) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("`messages` must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) - {"role", "content", "name"} or "role" not in m or "content" not in m:
-            raise RequestError(f"messages[{i}] must be an object with `role` and `content`")
-        if m["role"] not in ROLES:
-            raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}")
-        clean.append({"role": m["role"], "content": _message_text(m["content"], i)})
-    if not any(m["content"].strip() for m in clean):
+    clean = [_message(m, i) for i, m in enumerate(messages)]
+    if not any(m["content"].strip() or m.get("tool_calls") for m in clean):
         raise RequestError("every message in `messages` is empty; send some text")
+    if tools is not None and tools.format == "generic":
+        clean = generic_messages(clean, tools)
     try:
-        return encode_chat(clean)
-    except ValueError as err:  # no chat template
+        return encode_chat(clean, tools.template_tools() if tools is not None else None)
+    except ValueError as err:  # no chat template, or the template refused the messages
         raise RequestError(str(err)) from err
+
+
+def _message(m: Any, i: int) -> dict:
+    if not isinstance(m, dict) or set(m) - MESSAGE_KEYS or "role" not in m:
+        raise RequestError(f"messages[{i}] must be an object with `role` and `content`")
+    if m["role"] not in ROLES:
+        raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}")
+    calls = m["role"] == "assistant" and m.get("tool_calls")
+    if ("content" not in m and not calls) or (m.get("content") is None and not calls):
+        raise RequestError(f"messages[{i}] must be an object with `role` and `content`")
+    clean = {"role": m["role"], "content": _message_text(m.get("content") or "", i)}
+    if m["role"] == "tool" or calls:
+        try:
+            return template_message(m | clean, i)
+        except ToolsError as err:
+            raise RequestError(str(err)) from err
+    return clean
 
 
 def _message_text(content: Any, i: int) -> str:
@@ -281,7 +306,7 @@ def _logprobs(api: str, data: dict) -> int | None:
 
 
 def _json_schema(data: dict) -> str | None:
-    """OpenAI's response_format as the JSON schema the output must follow (canonical text); None
+    """OpenAI's response_format as the JSON schema the output must follow (schema_text); None
     for free text. Whether the engine can compile the schema is checked by the service."""
     fmt = _get(data, "response_format", dict, None)
     if fmt is None or fmt.get("type") == "text":

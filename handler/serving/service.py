@@ -26,6 +26,7 @@ from handler.engine.sequence import StepOutput
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, models_route, parse_request
+from handler.serving.tool_calls import ToolCall, ToolStream
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
                "finished; retry on another replica")
@@ -55,6 +56,8 @@ class Sample:
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # every generated token's, when asked
     logprobs_sent: int = 0  # how many of them streamed pieces carried
+    tools: ToolStream | None = None  # splits content from tool calls, when the request has tools
+    tool_calls: list[ToolCall] = field(default_factory=list)  # once finished
 
 
 @dataclass
@@ -134,12 +137,13 @@ class BaseService:
         tok = self.engine.tokenizer
         try:
             req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
-            self._check_schema(req.params.json_schema)
+            self._check_schema(req.params.json_schema, "`tools`" if req.tools else "`response_format`")
         except RequestError as err:
             self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
             return Reply(error_body(err.message, err.status), err.status)
         fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
-        self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), [Sample() for _ in range(req.n)])
+        samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
+        self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), samples)
         return None
 
     def _models_reply(self, model: str) -> Reply:
@@ -150,16 +154,16 @@ class BaseService:
             return Reply(error_body(f"model {model!r} does not exist; this endpoint serves {served!r}", 404), 404)
         return Reply(model_body(served, self.started))
 
-    def _check_schema(self, schema: str | None) -> None:
+    def _check_schema(self, schema: str | None, field: str) -> None:
         """A 400 now for a schema the engine cannot constrain to, not an error at admission."""
         if schema is None:
             return
         if self.engine.grammars is None:
-            raise RequestError("`response_format` is not supported by this engine; send the request without it")
+            raise RequestError(f"{field} is not supported by this engine; send the request without it")
         try:
             self.engine.grammars.grammar(schema)
         except GrammarError as err:
-            raise RequestError(f"`response_format`: {err}") from err
+            raise RequestError(f"{field}: {err}") from err
         self.metrics.observe("ts_llm_structured_output_requests_total", 1)
 
     def _start(self, request_id: str) -> Reply | None:
@@ -201,17 +205,31 @@ class BaseService:
             live.cached_tokens = out.cached_tokens
             self.metrics.observe("ts_llm_prefix_cache_hit_tokens_total", out.cached_tokens)
         sample = live.samples[out.index]
-        sample.text.append(out.text)
+        text = self._content(sample, out)
+        sample.text.append(text)
         sample.completion_tokens = out.completion_tokens
         sample.logprobs.extend(out.logprobs)
         if out.finished:
-            sample.finish_reason = out.finish_reason
+            sample.finish_reason = "tool_calls" if sample.tool_calls and out.finish_reason == "stop" else out.finish_reason
             if all(s.finish_reason is not None for s in live.samples):
                 live.finish_reason = live.samples[0].finish_reason
                 self._finished_metrics(live, now)
-        if live.req.stream and (out.text or out.finished):
-            live.pending.append(live.fmt.chunk(out.text, out.finish_reason, live.usage, logprobs=self._unsent_logprobs(live, sample),
-                                               index=out.index, last=live.finish_reason is not None))
+        if live.req.stream and (text or out.finished):
+            live.pending.append(live.fmt.chunk(text, sample.finish_reason, live.usage, logprobs=self._unsent_logprobs(live, sample),
+                                               index=out.index, last=live.finish_reason is not None,
+                                               tool_calls=sample.tool_calls))
+
+    @staticmethod
+    def _content(sample: Sample, out: StepOutput) -> str:
+        """The text of this output that is the answer's content (not a tool call); a finished
+        sample's tool calls go to sample.tool_calls."""
+        if sample.tools is None:
+            return out.text
+        text = sample.tools.feed(out.text)
+        if out.finished:
+            rest, sample.tool_calls = sample.tools.finish()
+            text += rest
+        return text
 
     def _finished_metrics(self, live: Live, now: float) -> None:
         self.metrics.observe("ts_llm_e2e_request_latency_seconds", now - live.arrived)
@@ -231,7 +249,7 @@ class BaseService:
         if live.req.stream:
             return "".join(live.pending)
         asked = live.req.params.logprobs is not None
-        choices = [Choice("".join(s.text), s.finish_reason, s.logprobs if asked else None) for s in live.samples]
+        choices = [Choice("".join(s.text), s.finish_reason, s.logprobs if asked else None, s.tool_calls) for s in live.samples]
         return live.fmt.whole(choices, live.usage)
 
 

@@ -14,7 +14,7 @@ def encode(text: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-def encode_chat(messages: list[dict]) -> list[int]:
+def encode_chat(messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     return encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
 
 
@@ -178,10 +178,10 @@ def test_native_api_has_no_logprobs():
 
 # ---- response_format: structured output -----------------------------------------------------
 
-def test_response_format_json_schema_becomes_its_canonical_text():
+def test_response_format_json_schema_becomes_its_compact_text_in_its_own_order():
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object", "required": ["a"]}}}
     params = parse({"prompt": "hi", "response_format": fmt}, "v1/completions").params
-    assert params.json_schema == '{"required":["a"],"type":"object"}'
+    assert params.json_schema == '{"type":"object","required":["a"]}'
 
 
 def test_response_format_json_object_is_any_object():

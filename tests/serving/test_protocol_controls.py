@@ -12,7 +12,7 @@ CHAT = "v1/chat/completions"
 
 
 def parse(body: dict, path: str = CHAT):
-    return parse_request(body, path, lambda t: [ord(c) % 100 for c in t], lambda m: [1, 2], LIMITS)
+    return parse_request(body, path, lambda t: [ord(c) % 100 for c in t], lambda m, tools: [1, 2], LIMITS)
 
 
 def rejects(body: dict, path: str = CHAT) -> str:
