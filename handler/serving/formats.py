@@ -87,7 +87,7 @@ class Formatter:
         last: the request's final piece (default: this choice finished), which ends the stream."""
         last = finish_reason is not None if last is None else last
         if self.api == "native":
-            piece = {"text": delta, "finish_reason": finish_reason}
+            piece: dict[str, object] = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
                 piece["usage"] = usage.body()
             return json.dumps(piece) + "\n"
