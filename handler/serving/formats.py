@@ -47,7 +47,7 @@ def _model(model: str, created: int) -> dict:
 class Choice:
     """One completion of a whole answer; logprobs: its tokens', when the request asked for them."""
     text: str
-    finish_reason: str
+    finish_reason: str | None  # a Sample's (None, JSON null, until it finishes; a whole answer's have)
     logprobs: Sequence[TokenLogprob] | None = None
 
 
