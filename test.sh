@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One command on a fresh machine: install, lint (ruff, configured in pyproject.toml), then run every
-# test (unit, end-to-end against a real TorchServe, moto S3, the metadata emulator). Extra arguments
-# go to pytest.
+# One command on a fresh machine: install, lint and type-check (ruff, mypy; configured in
+# pyproject.toml), then run every test (unit, end-to-end against a real TorchServe, moto S3, the
+# metadata emulator). Extra arguments go to pytest.
 # On a machine whose CPU profile is not avx2, the engine and serving tests then run a second time
 # under the forced avx2 profile (TS_LLM_CPU_PROFILE=avx2), the path of AVX2-only spot instances.
 set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh
 .venv/bin/python -m ruff check handler bench tests
+.venv/bin/python -m mypy handler
 .venv/bin/python -m pytest "$@"
 native=$(.venv/bin/python -m handler.engine.platform --name)
 case "$native" in

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 # serve_forever checks for shutdown this often; the 0.5 s default makes every stop slow.
 SHUTDOWN_POLL_S = 0.05
@@ -49,8 +50,9 @@ class HttpServerThread:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
-    def start(self) -> None:
+    def start(self) -> Self:
         self._thread.start()
+        return self
 
     def stop(self) -> None:
         self._server.shutdown()

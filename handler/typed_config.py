@@ -65,7 +65,7 @@ def convert(value: object, kind: Any, path: str, origin: str, *, strings: bool =
         if value is None or (strings and value == ""):
             return None
         kind = _without_none(kind)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if isinstance(value, kind):
             return value
         if not isinstance(value, Mapping):
@@ -108,13 +108,15 @@ def _convert_scalar(value: object, kind: Any, strings: bool) -> object:
     if kind is float:
         return float(_exactly(value, (int, float)))
     if kind is Path:
-        return Path(_exactly(value, (str, Path)))
+        if not isinstance(value, (str, Path)):
+            raise TypeError(value)
+        return Path(value)
     if kind is str and strings:
         return str(value)
     return _exactly(value, kind)
 
 
-def _exactly(value: object, kind: type | tuple[type, ...]) -> object:
+def _exactly(value: object, kind: type[T] | tuple[type[T], ...]) -> T:
     if not isinstance(value, kind):
         raise TypeError(value)
     return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from handler.serving.config import HandlerConfig
 from handler.typed_config import ConfigError, choices
@@ -33,7 +33,7 @@ class ServingOptions:
 
 
 def model_config(opts: ServingOptions) -> dict:
-    cfg = {
+    cfg: dict[str, Any] = {
         "minWorkers": opts.workers,
         "maxWorkers": opts.workers,
         "batchSize": opts.batch_size,

@@ -174,6 +174,7 @@ def load_model(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device 
         model = Transformer(ckpt.args)
     names = [name for name, _ in model_projections(model)]
     if ckpt.gguf_only:
+        assert ckpt.gguf is not None, "a checkpoint without float weights has its GGUF file"
         state = gguf_state(GGUFWeights(ckpt.gguf), ckpt.args, dtype, names if projections else [])
     else:
         state = _to_engine_names(_read_state(ckpt, dtype), ckpt.args)

@@ -231,6 +231,7 @@ class Engine:
 
     def _copy(self, source: int, slot: int, tokens: list[int]) -> None:
         """The KV of `tokens`, the first positions of slot `source`, into `slot`."""
+        assert self._copy_prefix is not None, "prefix caching copies prefixes between slots"
         self._copy_prefix(source, slot, len(tokens))
         self._cache.truncate(slot, 0)
         self._cache.extend(slot, tokens)
@@ -245,7 +246,8 @@ class Engine:
         start_pos = torch.tensor([start for _, start, _ in chunks])
         last = torch.tensor([n - 1 for _, _, n in chunks])
         kv_len = decode_window(max(start + n for _, start, n in chunks), self.max_seq_len)
-        return self._prefill(*(t.to(self.device) for t in (tokens, slot_ids, start_pos, last)), kv_len)
+        tokens, slot_ids, start_pos, last = (t.to(self.device) for t in (tokens, slot_ids, start_pos, last))
+        return self._prefill(tokens, slot_ids, start_pos, last, kv_len)
 
     def _prefilled(self, chunks: list[tuple[Sequence, int, int]], logits: Tensor) -> None:
         # logits (of each chunk's last row) unused: a prompt's last token is decoded

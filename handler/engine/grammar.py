@@ -22,7 +22,7 @@ from handler.engine import EngineError
 
 # Compact JSON: no free whitespace between tokens. With it, a small model can emit spaces or
 # newlines until max_tokens and still satisfy the grammar.
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: llguidance._lib.JsonCompileOptions = {"whitespace_flexible": False}
 ANY_OBJECT = '{"type": "object"}'  # OpenAI's response_format {"type": "json_object"}
 
 

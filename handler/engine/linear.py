@@ -4,6 +4,8 @@ copies, aten)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +51,8 @@ class Linear(nn.Linear):
     @property
     def quantized(self) -> list[Stored] | None:
         """The quantized weight's parts (one unless formats differ), or None."""
-        stored = self._modules.get("stored")
+        # The ModuleList quantize() made; _modules types its values as Module.
+        stored = cast("Iterable[StoredWeight] | None", self._modules.get("stored"))
         return None if stored is None else [part.weight for part in stored]
 
     def pack(self, dtype: torch.dtype) -> None:
@@ -98,8 +101,8 @@ class StoredWeight(nn.Module):
 
     def __init__(self, w: Stored):
         super().__init__()
-        self.kind = type(w)
-        self.fixed = {}  # fields that are not tensors (KQuantWeight.bits)
+        self.kind: Callable[..., Stored] = type(w)  # built again from its fields by name
+        self.fixed: dict[str, object] = {}  # fields that are not tensors (KQuantWeight.bits)
         for f in dataclasses.fields(w):
             value = getattr(w, f.name)
             if value is None or isinstance(value, Tensor):

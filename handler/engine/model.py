@@ -8,7 +8,9 @@ H = query heads, K = key/value heads, D = head dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +51,9 @@ class ModelArgs:
 
 
 class KVCache(nn.Module):
+    k: Tensor  # buffers, registered in __init__
+    v: Tensor
+
     def __init__(self, slots: int, max_seq: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype):
         super().__init__()
         shape = (slots, n_kv_heads, max_seq, head_dim)
@@ -77,6 +82,7 @@ def rope_frequencies(args: ModelArgs, max_seq: int, local: bool = False) -> tupl
     """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF); `local`:
     the sliding-window layers' (their own base, no scaling)."""
     theta = args.local_rope_theta if local else args.rope_theta
+    assert theta is not None, "local RoPE tables need local_rope_theta"
     inv_freq = 1.0 / (theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
     if args.rope_llama3_scaling is not None and not local:
         inv_freq = _llama3_scale(inv_freq, *args.rope_llama3_scaling)
@@ -177,6 +183,7 @@ class Attention(nn.Module):
                 visible: Tensor) -> Tensor:
         # visible: [B, 1, T, S], which of the slot's first S cached positions each new token sees
         q, k, v = self._qkv(x, cos, sin)
+        assert self.kv_cache is not None, "setup_cache first"
         self.kv_cache.write_chunk(slot_ids, positions, k, v)
         kv_len = visible.shape[-1]
         keys = self.kv_cache.k[slot_ids, :, :kv_len]  # [B, K, S, D]: cached prefix and this chunk
@@ -186,6 +193,7 @@ class Attention(nn.Module):
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         q, k, v = self._qkv(x, cos, sin)
+        assert self.kv_cache is not None, "setup_cache first"
         self.kv_cache.write_decode(input_pos, k, v)
         b = x.shape[0]
         # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
@@ -245,11 +253,18 @@ def projections(model: nn.Module) -> list[tuple[str, Linear]]:
 
 
 class Transformer(nn.Module):
+    rope_cos: Tensor  # buffers, registered by setup_cache
+    rope_sin: Tensor
+    rope_cos_local: Tensor
+    rope_sin_local: Tensor
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        # A module: quant.apply may swap in a QuantizedEmbedding.
+        self.tok_embeddings: nn.Module = nn.Embedding(args.vocab_size, args.dim)
+        # ModuleList types its items as Module; these are all Blocks.
+        self.layers = cast("Sequence[Block]", nn.ModuleList(Block(args) for _ in range(args.n_layers)))
         self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.output = Linear(args.dim, args.vocab_size, bias=False)
         self.max_seq = 0
@@ -301,6 +316,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         for layer in self.layers:
+            assert layer.attention.kv_cache is not None, "setup_cache first"
             layer.attention.kv_cache.copy_prefix(src, dst, length)
 
     def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:

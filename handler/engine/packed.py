@@ -50,9 +50,10 @@ _lib.define("packed_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor
 
 
 def _packed_linear_cpu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    shape, packed = _packed.get(weight.data_ptr(), (None, None))
-    if shape != weight.shape:  # never packed, or a view of a packed weight starting at its address
+    entry = _packed.get(weight.data_ptr())
+    if entry is None or entry[0] != weight.shape:  # never packed, or a view of a packed weight starting at its address
         raise RuntimeError(f"packed_linear: weight {tuple(weight.shape)} was never packed (call packed.pack first)")
+    packed = entry[1]
     # x: [..., K] -> rows [R, K] in the packed dtype; out [R, N] -> [..., N] in x's dtype
     rows = x.reshape(-1, x.shape[-1]).to(packed.dtype)
     bias = None if bias is None else bias.to(packed.dtype)

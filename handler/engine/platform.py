@@ -28,12 +28,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from handler.engine import EngineError
 
 if TYPE_CHECKING:
     from handler.engine.config import EngineConfig
+
+Dtype = Literal["bfloat16", "float32"]
+Packing = Literal["bfloat16", "float32", "off"]
 
 PROFILE_ENV = "TS_LLM_CPU_PROFILE"  # force a profile (one this CPU has); unset: the best one
 
@@ -223,14 +226,15 @@ def check_torch(plat: Platform) -> None:
 @dataclass(frozen=True)
 class EnginePath:
     """What `dtype: auto` and `packed_weights: auto` became (or what was asked, once checked)."""
-    dtype: str  # weights and activations: "bfloat16" | "float32"
-    packed: str  # oneDNN-packed copies for calls with several rows: "bfloat16" | "float32" | "off"
+    dtype: Dtype  # weights and activations
+    packed: Packing  # oneDNN-packed copies for calls with several rows: "bfloat16" | "float32" | "off"
 
     def label(self, profile: Profile) -> str:
         return f"{profile.name}/{self.dtype}/packed-{self.packed}"
 
 
-def choose_path(plat: Platform, device_type: str, dtype: str, packed: str, cuda_bf16: bool = True) -> EnginePath:
+def choose_path(plat: Platform, device_type: str, dtype: Dtype | Literal["auto"], packed: Packing | Literal["auto"],
+                cuda_bf16: bool = True) -> EnginePath:
     """The measured-fastest path for `auto`, or the requested one if this CPU can run it.
 
     Measured (docs/benchmarks.md): bf16 storage is fastest for batch-1 decode everywhere
@@ -277,14 +281,14 @@ def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
     return resolved, label
 
 
-def auto_quantization(device_type: str, has_gguf: bool) -> str:
+def auto_quantization(device_type: str, has_gguf: bool) -> Literal["gguf", "none"]:
     """`quantization: auto`: the source's precision (gguf when the checkpoint carries one) where
     the quantized kernels are vectorized (x86-64 CPUs), else none."""
     fast = device_type == "cpu" and current().profile.arch == "x86_64"
     return "gguf" if fast and has_gguf else "none"
 
 
-def _auto_packing(profile: Profile, dtype: str) -> str:
+def _auto_packing(profile: Profile, dtype: Dtype) -> Packing:
     if profile.arch != "x86_64":
         return "off"  # oneDNN packing on aarch64 is not measured: plain weights
     if profile.onednn_bf16 and dtype == "bfloat16":

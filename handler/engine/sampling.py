@@ -78,7 +78,7 @@ def sample_next(logits: Tensor, params: list[SamplingParams], generators: list[t
     return out
 
 
-def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+def _sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
     # logits: [V] on CPU, so the seeded CPU generator makes a request reproducible on any device.
     logits = logits / p.temperature
     if p.top_k:

@@ -48,7 +48,7 @@ def _model(model: str, created: int) -> dict:
 class Choice:
     """One completion of a whole answer; logprobs: its tokens', when the request asked for them."""
     text: str
-    finish_reason: str
+    finish_reason: str | None  # a Sample's (None, JSON null, until it finishes; a whole answer's have)
     logprobs: Sequence[TokenLogprob] | None = None
     tool_calls: Sequence[ToolCall] = ()
 
@@ -91,7 +91,7 @@ class Formatter:
         tool_calls: the choice's calls, each whole in this piece (chat)."""
         last = finish_reason is not None if last is None else last
         if self.api == "native":
-            piece = {"text": delta, "finish_reason": finish_reason}
+            piece: dict[str, object] = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
                 piece["usage"] = usage.body()
             return json.dumps(piece) + "\n"

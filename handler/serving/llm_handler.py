@@ -45,7 +45,7 @@ def _not_per_step_metric(record: logging.LogRecord) -> bool:
 
 
 class LLMHandler(BaseHandler):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.service: ContinuousService | DynamicService | LoopService | None = None
 
@@ -91,7 +91,7 @@ class LLMHandler(BaseHandler):
 
     def handle(self, data, context):
         if isinstance(self.service, LoopService):
-            return self._handle_async(data, context)  # asyncCommunication: TorchServe awaits it
+            return self._handle_async(self.service, data, context)  # asyncCommunication: TorchServe awaits it
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
         batch = [_incoming(i, row, context) for i, row in enumerate(data)]
@@ -108,17 +108,22 @@ class LLMHandler(BaseHandler):
             raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
         return _apply(replies, context)
 
-    async def _handle_async(self, data, context) -> list[str]:
+    async def _handle_async(self, service: LoopService, data, context) -> list[str]:
         # Each request goes to the engine thread, which sends its streamed pieces itself; the
         # last reply comes back here and TorchServe sends it (ending the stream).
         loop = asyncio.get_running_loop()
         finals = []
         for idx, row in enumerate(data):
-            final = loop.create_future()
+            final: asyncio.Future[Reply] = loop.create_future()
             finals.append(final)
-            delivery = Delivery(piece=lambda reply, i=idx: _send_partial({i: reply}, context),
-                                done=lambda reply, f=final: loop.call_soon_threadsafe(f.set_result, reply))
-            self.service.submit(_incoming(idx, row, context), delivery)
+
+            def piece(reply: Reply, i: int = idx) -> None:
+                _send_partial({i: reply}, context)
+
+            def done(reply: Reply, f: asyncio.Future[Reply] = final) -> None:
+                loop.call_soon_threadsafe(f.set_result, reply)
+
+            service.submit(_incoming(idx, row, context), Delivery(piece=piece, done=done))
         return _apply(list(await asyncio.gather(*finals)), context)
 
 

@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from handler.serving import openmp
 from handler.serving.formats import error_body
@@ -42,9 +43,9 @@ class Delivery:
 
 
 class LoopService(BaseService):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._inbox: queue.SimpleQueue[tuple[Incoming, Delivery]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Incoming, Delivery] | None] = queue.SimpleQueue()  # None: wake up
         self._waiting: deque[tuple[Incoming, Delivery]] = deque()
         self._deliveries: dict[str, Delivery] = {}
         self._stopped = threading.Event()
@@ -100,7 +101,9 @@ class LoopService(BaseService):
             item = self._inbox.get(block=block)
             while True:
                 if item is not None and models_route(item[0].url_path) is not None:
-                    item[1].done(self._admit(item[0]))  # asks nothing of the engine: no wait for a slot
+                    reply = self._admit(item[0])  # asks nothing of the engine: no wait for a slot
+                    assert reply is not None, "a models route is answered at once"
+                    item[1].done(reply)
                 elif item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()

@@ -235,7 +235,7 @@ class BaseService:
         self.metrics.observe("ts_llm_e2e_request_latency_seconds", now - live.arrived)
         self.metrics.observe("ts_llm_request_success_total", 1, live.finish_reason)
         generated = live.samples[0].completion_tokens  # per sample: the samples are generated side by side
-        if generated > 1:
+        if generated > 1 and live.first_token_at is not None:
             self.metrics.observe("ts_llm_time_per_output_token_seconds", (now - live.first_token_at) / (generated - 1))
 
     @staticmethod

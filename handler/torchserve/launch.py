@@ -184,8 +184,9 @@ class TorchServe:
             stop_with_cli(timeout, str(Path(sys.executable).parent / "torchserve"), cwd=self.workdir, env=_env(self.workdir))
         except (TorchServeError, subprocess.TimeoutExpired) as err:  # e.g. it was not running
             log.warning("torchserve --stop: %s", err)
-        if self.process is not None:
-            terminate_tree(self.process.pid, timeout, wait_root=lambda t: _waited(self.process, t))
+        process = self.process
+        if process is not None:
+            terminate_tree(process.pid, timeout, wait_root=lambda t: _waited(process, t))
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -278,6 +279,7 @@ def ports_from(props: dict[str, str]) -> Ports:
 def _wait_for_key_file(ts: TorchServe, props: dict[str, str], timeout: float = 60) -> None:
     if props.get("disable_token_authorization", "false").lower() == "true":
         return
+    assert ts.process is not None, "launch started it"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ts.token("management"):

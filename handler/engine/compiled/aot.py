@@ -204,9 +204,10 @@ def _aot_compile(fn: Any, args: tuple[Any, ...], cfg: EngineConfig, unbacked: bo
     # cpp_wrapper: the code calling a step's ~400 kernels is C++, not Python (a third off a
     # batch-1 step); built apart from the kernels, so the kernels' -O3 does not cost a minute on
     # it. Measurements: docs/benchmarks.md, "Compile settings".
-    options = {"max_autotune": cfg.max_autotune, "size_asserts": False, "cpp_wrapper": True,
-               "cpp_wrapper_build_separate": True}
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
+    options: dict[str, Any] = {"max_autotune": cfg.max_autotune, "size_asserts": False, "cpp_wrapper": True,
+                               "cpp_wrapper_build_separate": True}
+    # Typed as a plain callable; what torch.compile returns for a function has aot_compile.
+    compiled: Any = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
     with torch.no_grad(), trace_settings():
         return compiled.aot_compile((args, {}))
 
@@ -263,8 +264,8 @@ def reload(entries: list[dict[str, Any]], folder: Path) -> SavedGraphs:
 
 
 def serving_steps(model: Transformer, saved: dict[StepName, SavedGraphs]) -> AotSteps:
-    steps = [CompiledStep(model, name, saved[name].graphs) for name in STEPS]
-    return AotSteps(*steps, {name: saved[name].examples for name in STEPS})
+    prefill, decode = (CompiledStep(model, name, saved[name].graphs) for name in STEPS)
+    return AotSteps(prefill, decode, {name: saved[name].examples for name in STEPS})
 
 
 def save_artifacts(saved: dict[StepName, SavedGraphs], out_dir: Path, build_dir: Path | None) -> list[Path]:

@@ -67,13 +67,15 @@ def look_up_aside(cfg: EngineConfig, wanted: ArtifactRequest | None) -> AsideLoo
     """The lookup of the background path (None on the others); a failure is kept, not raised."""
     if wanted is None or not compiles_aside(cfg, wanted):
         return None
+    cache_dir = wanted.places.cache_dir
+    assert cache_dir is not None, "compiles_aside: only with a cache dir to install into"
     try:
         with artifacts.holding(wanted.places):
             found = find_verified(wanted)
             if found is not None:
                 return AsideLookup(found=found)
             # The install lock is let go: the compile process takes it, the background load again.
-            return AsideLookup(compiling=start_compile_process(cfg, wanted.key, wanted.places.cache_dir))
+            return AsideLookup(compiling=start_compile_process(cfg, wanted.key, cache_dir))
     except Exception as err:  # locks, files, the process's start: compile failures like any other
         return AsideLookup(error=err)
 

@@ -94,6 +94,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
                 for name in aot.STEPS}
     outs = [graphs_dir / f"aside-{i}" for i in range(len(ASIDE))]
     side_by_side = _side_by_side(Path(model_cache_dir), len(model.layers))
+    children: list[Child]
     if fork_threads is None:
         children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
     else:
@@ -185,6 +186,7 @@ def _as_child(part: Part, parent: int, threads: int) -> None:
 
 def _collect(part: Part, child: Child, out: Path, side_by_side: SideBySide) -> aot.SavedGraphs:
     """A child's graphs once it has exited, loaded (their kernels are in this process's build dir)."""
+    code: int | None  # a process's exitcode is None only while it runs
     if isinstance(child, subprocess.Popen):
         code = child.wait()
     else:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -107,6 +108,7 @@ def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactReque
             raise aside.error
         if aside.compiling is not None:
             return _compile_aside(model, cfg, wanted, aside.compiling, on_fallback, on_compiled)
+        assert aside.found is not None, "a lookup aside fails, finds or starts a compile"
         return _load_in_background(model, cfg, wanted, aside.found, on_fallback, on_compiled)
     with artifacts.holding(wanted.places):
         path = find_verified(wanted)
@@ -117,6 +119,7 @@ def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactReque
             loaded = aot.load_artifacts(model, path)
             return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
     # Background, with nowhere to install (so no lookup aside): the lock is taken again to load.
+    assert path is not None  # returned above; the checker assumes holding() may swallow an exception
     return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
 
 
@@ -166,8 +169,10 @@ def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactReques
 def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None) -> Steps:
     start = time.perf_counter()
     dest = wanted.places.cache_dir if wanted is not None else None
-    steps = aot.compile_steps(model, cfg) if dest is None else compile_and_install(model, cfg, wanted.key, dest)
-    if dest is not None:
+    if wanted is None or dest is None:
+        steps = aot.compile_steps(model, cfg)
+    else:
+        steps = compile_and_install(model, cfg, wanted.key, dest)
         wanted.places.used(dest)
     seconds = time.perf_counter() - start
     log.info("AOT-compiled prefill and decode (%d + %d graphs) in %.1f s", len(steps.prefill.graphs),
@@ -178,7 +183,7 @@ def _aot_cold(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | N
 # ---- torch.compile, for configurations AOT does not support -----------------------------------
 
 def _torch_compiled(model: Transformer, cfg: EngineConfig) -> Steps:
-    options = {"freezing": cfg.freezing, "max_autotune": cfg.max_autotune}
+    options: dict[str, Any] = {"freezing": cfg.freezing, "max_autotune": cfg.max_autotune}
     cuda = torch.device(cfg.device).type == "cuda"
     decode_mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
     prefill = torch.compile(model.prefill, fullgraph=True, dynamic=True, options=options)

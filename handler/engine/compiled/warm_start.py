@@ -93,17 +93,17 @@ class BackgroundLoad:
                 if self._on_compiled is not None:
                     self._on_compiled(self._seconds)
             return self._loaded
-        return self._eager_after_failure()
+        return self._eager_after_failure(self._error)
 
-    def _eager_after_failure(self) -> Any:
-        reason = failure_reason(self._error)
+    def _eager_after_failure(self, error: BaseException) -> Any:
+        reason = failure_reason(error)
         if not self._allow_eager:
             raise CompileError(f"loading the compiled model in the background failed ({reason}); "
-                               "fix it or set on_compile_error: eager") from self._error
+                               "fix it or set on_compile_error: eager") from error
         if not self._switched:
             self._switched = True
             log.error("loading the compiled model in the background FAILED (%s); serving EAGER because "
-                      "on_compile_error=eager", reason, exc_info=self._error)
+                      "on_compile_error=eager", reason, exc_info=error)
             if self._on_failed is not None:
                 self._on_failed(reason)
         return self._eager

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 
@@ -32,9 +33,11 @@ MAX_SOURCE_MISMATCH = 0.25  # RMS(GGUF - float) / RMS(float) on one projection; 
 def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> None:
     if cfg.quantization == "none":
         return
-    if cfg.quantization == "gguf" and ckpt.gguf is None:
-        raise QuantizationError(f"quantization: gguf, but checkpoint {ckpt.path} has no *.gguf file")
-    gguf = GGUFWeights(ckpt.gguf) if cfg.quantization == "gguf" else None
+    gguf: GGUFWeights | None = None
+    if cfg.quantization == "gguf":
+        if ckpt.gguf is None:
+            raise QuantizationError(f"quantization: gguf, but checkpoint {ckpt.path} has no *.gguf file")
+        gguf = GGUFWeights(ckpt.gguf)
     for name, linear in projections(model):
         if gguf is not None:
             w = gguf.projection(name, model.args)
@@ -71,7 +74,7 @@ def _embedding(gguf: GGUFWeights, model: Transformer) -> torch.nn.Module:
         return torch.nn.Embedding.from_pretrained(stored.to(dtype), freeze=True)
     head = model.output.stored if model.output.quantized is not None else None
     if not gguf.has("output.weight") and head is not None and len(head) == 1:  # tied: the head is this weight
-        return QuantizedEmbedding(head[0], dtype)
+        return QuantizedEmbedding(cast(StoredWeight, head[0]), dtype)  # ModuleList types its items as Module
     return QuantizedEmbedding(StoredWeight(stored.pack()), dtype)
 
 

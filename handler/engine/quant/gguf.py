@@ -16,6 +16,7 @@ halves of a head); the rows are put back, which moves whole rows and changes no 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast, overload
 
 import torch
 from torch import Tensor
@@ -78,7 +79,12 @@ class GGUFWeights:
         k = self._rows(self.floats(blk + "attn_k.bias"), args.n_kv_heads, args.head_dim)
         return torch.cat([q, k, self.floats(blk + "attn_v.bias")])
 
-    def _rows(self, t: Projection, heads: int, head_dim: int) -> Projection:
+    @overload
+    def _rows(self, t: Tensor, heads: int, head_dim: int) -> Tensor: ...
+    @overload
+    def _rows(self, t: Stored | Tensor, heads: int, head_dim: int) -> Stored | Tensor: ...
+
+    def _rows(self, t: Stored | Tensor, heads: int, head_dim: int) -> Stored | Tensor:
         if self.architecture not in PERMUTED_ARCHITECTURES:
             return t
         order = _unpermute(heads, head_dim)
@@ -120,15 +126,18 @@ def to_float(p: Projection) -> Tensor:
 def _cat(parts: list[Stored | Tensor]) -> Projection:
     """Rows stacked: as one weight where the parts share a format, else the list of runs of one
     format; float32 where any part is stored in floats (a float part stays exact)."""
-    if any(isinstance(p, Tensor) for p in parts):
+    stored = [p for p in parts if not isinstance(p, Tensor)]
+    if len(stored) < len(parts):
         return torch.cat([p.float() if isinstance(p, Tensor) else dequantize(p) for p in parts])
     runs: list[list[Stored]] = []
-    for p in parts:
+    for p in stored:
         if runs and _same_format(runs[-1][0], p):
             runs[-1].append(p)
         else:
             runs.append([p])
-    fused = [cat_rows(r) if isinstance(r[0], QuantizedWeight) else kquant.cat_rows(r) for r in runs]
+    # A run's parts share one format (_same_format): its first part's type is every part's.
+    fused = [cat_rows(cast("list[QuantizedWeight]", r)) if isinstance(r[0], QuantizedWeight)
+             else kquant.cat_rows(cast("list[KQuantWeight]", r)) for r in runs]
     return fused[0] if len(fused) == 1 else fused
 
 

@@ -58,7 +58,7 @@ class TensorInfo:
 @dataclass(frozen=True)
 class Directory:
     tensors: dict[str, TensorInfo]
-    metadata: dict[str, object]  # single values only (str, int, float, bool); arrays are skipped
+    metadata: dict[str, str | int | float | bool]  # single values only (str, int, float, bool); arrays are skipped
 
 
 def read_directory(path: Path) -> Directory:
@@ -98,7 +98,7 @@ class _Header:
         if version not in (2, 3):
             raise GGUFFormatError(f"{self.path.name} is GGUF version {version}; versions 2 and 3 are read")
         self.pos = 24
-        metadata: dict[str, object] = {}
+        metadata: dict[str, str | int | float | bool] = {}
         for _ in range(n_kv):
             key = self._string()
             (vtype,) = self._unpack("<I")

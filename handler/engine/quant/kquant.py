@@ -17,6 +17,7 @@ pack() puts them in kquant.c's layout (its header); unpack() reverses it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,7 +53,7 @@ class KQuantWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.q.shape[0] * ROWS, self.q.shape[1] * BLOCK) if self.packed else tuple(self.q.shape)
+        return (self.q.shape[0] * ROWS, self.q.shape[1] * BLOCK) if self.packed else (self.q.shape[0], self.q.shape[1])
 
     @property
     def super_block(self) -> int:
@@ -63,7 +64,8 @@ class KQuantWeight:
 
     def rows(self, index: Tensor) -> KQuantWeight:
         assert not self.packed, "select rows before packing"
-        return replace(self, **{k: None if t is None else t[index] for k, t in self.tensors().items()})
+        picked: dict[str, Any] = {k: None if t is None else t[index] for k, t in self.tensors().items()}
+        return replace(self, **picked)
 
     def pack(self) -> KQuantWeight:
         if self.packed:
@@ -89,9 +91,11 @@ class KQuantWeight:
         g, b = n // ROWS, k // BLOCK
         q = unpack_nibbles(self.q)
         if self.bits == 5:
+            assert self.h is not None, "packed 5-bit weights carry bit 4 in h"
             bits = (self.h.view(g, b, ROWS, 4, 1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [g, b, r, i, j]
             q = q | (bits.permute(0, 2, 1, 4, 3).reshape(n, k) << 4)
         elif self.bits == 6:
+            assert self.h is not None, "packed 6-bit weights carry bits 4-5 in h"
             pairs = (self.h.view(g, b, 2, ROWS, 4, 1) >> (2 * torch.arange(4, dtype=torch.uint8))) & 3  # [g,b,hh,r,i,t]
             q = q | (pairs.permute(0, 3, 1, 2, 5, 4).reshape(n, k) << 4)
         return KQuantWeight(self.bits, q.contiguous(), unpack_groups(self.d), _maybe(unpack_groups, self.dmin),
@@ -118,6 +122,7 @@ def dequantize(w: KQuantWeight) -> Tensor:
     q = w.q.view(n, k // sub, sub).float()
     if w.bits == 6:
         return (scale[..., None] * (q - 32)).view(n, k)
+    assert w.dmin is not None, "4- and 5-bit weights have a dmin (check())"
     dmin = w.dmin.float().repeat_interleave(w.super_block // sub, dim=1)
     offset = dmin if w.mn is None else dmin * w.mn.float()
     return (scale[..., None] * q - offset[..., None]).view(n, k)
@@ -179,8 +184,9 @@ def cat_rows(parts: list[KQuantWeight]) -> KQuantWeight:
     first = parts[0]
     if any(not same_format(p, first) for p in parts):
         raise QuantizationError("k-quant projections fused into one matmul must share their format")
-    return replace(first, **{k: None if t is None else torch.cat([getattr(p, k) for p in parts])
-                             for k, t in first.tensors().items()}).check()
+    stacked: dict[str, Any] = {k: None if t is None else torch.cat([getattr(p, k) for p in parts])
+                               for k, t in first.tensors().items()}
+    return replace(first, **stacked).check()
 
 
 def same_format(a: KQuantWeight, b: KQuantWeight) -> bool:

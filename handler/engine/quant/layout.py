@@ -160,5 +160,6 @@ def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
                                 + ", ".join(f"int{p.bits}/g{p.group_size}/K{p.shape[1]}" for p in parts))
     if len({p.centred for p in parts}) > 1:
         parts = [p.with_minimums() for p in parts]
-    m = None if parts[0].m is None else torch.cat([p.m for p in parts])
+    ms = [p.m for p in parts if p.m is not None]  # every part's or none (centred ones were given theirs)
+    m = torch.cat(ms) if len(ms) == len(parts) else None
     return QuantizedWeight(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m).check()

@@ -45,7 +45,7 @@ from handler.cache import (
 from handler.cache.check import Verdict, check_artifact
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import artifact_files
-from handler.cache.sync import publish_if_new, restore_in_background
+from handler.cache.sync import RestoreOutcome, publish_if_new, restore_in_background
 from handler.files import write_atomic
 from handler.sidecar.errors import ConfigError, SidecarError
 
@@ -101,17 +101,18 @@ def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: 
     # The counters leave through the record (a restore step is its own process).
     registry = CollectorRegistry()
     store = open_store(store_uri, endpoint_url, region, CacheMetrics.create(registry))
-    restoring: Future[str]
+    restoring: Future[str] | Future[RestoreOutcome]
     if not key_path.exists():
         log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
                     key_path)
-        restoring = Future()
-        restoring.set_result(NO_KEY)
+        no_key: Future[str] = Future()
+        no_key.set_result(NO_KEY)
+        restoring = no_key
     else:
         restoring = restore_in_background(store, load_key(key_path), dest_dir, log)
     outcome: Future[str] = Future()  # resolved once the record is written
 
-    def record(done: Future[str]) -> None:
+    def record(done: Future[str] | Future[RestoreOutcome]) -> None:
         if done.exception() is not None:
             outcome.set_exception(done.exception())
             return

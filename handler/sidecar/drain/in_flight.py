@@ -60,7 +60,7 @@ def wait_in_flight(report: DrainReport, deps: DrainDeps) -> None:
             return
         may_cut = deps.cut_in_flight is not None and report.cut_in_flight is None
         cut_at = report.plan.wait_until - policy.cut_lead_s
-        if count and may_cut and now >= cut_at:
+        if count and may_cut and now >= cut_at and deps.cut_in_flight is not None:
             deps.cut_in_flight()
             report.cut_in_flight = count
         if now >= report.plan.wait_until:
