@@ -39,7 +39,11 @@ class LocalStore(BlobStore):
         path = self.root / name
         with self._errors(), open(path.parent / f".{path.name}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._version(name) != version:
+            try:
+                current = self._get_bytes(name)[1]
+            except ArtifactNotFound:  # purged since it was read: a plain publish writes it
+                return False
+            if current != version:
                 return False
             return self._put(name, lambda f: f.write(data), exclusive=False)
 

@@ -246,11 +246,30 @@ def nothing_to_publish(missing: str, key_path: Path, src_dir: Path) -> str:
 def _publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
                     logger: logging.Logger) -> str:
     try:
-        return str(publish_if_new(store, key, src_dir, logger, replaceable(store, key, src_dir)))
+        outcome = publish_if_new(store, key, src_dir, logger, replaceable(store, key, src_dir))
     except ValueError as err:  # changed under us since the check: empty, or a symlink
         raise ArtifactDirError(f"{err}: not published") from err
     except OSError as err:  # a file vanished or is unreadable (store errors are CacheStoreError)
         raise ArtifactDirError(f"publishing {src_dir} failed: {err}") from err
+    if outcome is PublishOutcome.REPLACED:
+        _forget_rejection(src_dir)
+    return str(outcome)
+
+
+def _forget_rejection(cache_dir: Path) -> None:
+    """The rejected version is replaced: a later publish must not replace what replaced it (a
+    fresh artifact with the same bytes has the same version)."""
+    path = restore_record_path(cache_dir)
+    try:
+        record = json.loads(path.read_text())
+        record.pop("rejected_digest", None)
+        record.pop("rejected_version", None)
+        write_atomic(path, json.dumps(record))
+    except FileNotFoundError:  # no restore record: nothing to forget
+        return
+    except (OSError, ValueError) as err:
+        log.warning("cannot clear the rejection from the restore record %s (%s): a later publish may "
+                    "replace the stored artifact again", path, err)
 
 
 class Publisher:
