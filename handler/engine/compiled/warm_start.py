@@ -105,11 +105,11 @@ class BackgroundLoad:
                 self._switched = True
                 log.info("compiled steps loaded in the background in %.1f s; %s", self._seconds, SWITCHED)
             return self._loaded
-        return self._eager_after_failure()
+        return self._eager_after_failure(self._error)
 
-    def _eager_after_failure(self) -> Any:
+    def _eager_after_failure(self, error: BaseException) -> Any:
         if not self._allow_eager:  # the eager fallback was reported as the load ended
-            raise CompileError(f"loading the compiled model in the background failed ({failure_reason(self._error)}); "
-                               "fix it or set on_compile_error: eager") from self._error
+            raise CompileError(f"loading the compiled model in the background failed ({failure_reason(error)}); "
+                               "fix it or set on_compile_error: eager") from error
         return self._eager
 
