@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
 
+from handler.build import keygen
 from handler.build.archive import build_mar
 from handler.build.gguf_checkpoint import gguf_source, stage_gguf
 from handler.build.model_config import ServingOptions, handler_config
 from handler.build.precompile import build_artifact
 from handler.cache import open_store, publish_if_new
+from handler.cache.errors import SigningKeyError
+from handler.cache.signing import ManifestSigner, Signing
 from handler.engine import platform
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR
@@ -59,10 +63,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "artifact into the .mar: workers on a machine like this one load it in seconds instead of compiling")
     p.add_argument("--aot-store", metavar="URI", help="compile the engine now and publish the artifact to this "
                    "cache store, s3://bucket/prefix or a directory (what the sidecar's --cache-store restores from)")
+    p.add_argument("--signing-key", metavar="PEM", default=os.environ.get("TS_LLM_SIGNING_KEY") or None,
+                   help="sign the --aot-store manifest with this Ed25519 private key (./archive.sh keygen makes one); "
+                   "replicas with the public key as cache_public_key refuse anything unsigned. Default: "
+                   "$TS_LLM_SIGNING_KEY")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keygen"]:
+        return keygen.main(argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
@@ -86,15 +97,23 @@ def main(argv: list[str] | None = None) -> int:
                 artifact = Path(tmp) / MAR_ARTIFACT_DIR
                 key = build_artifact(served.engine, artifact)
                 if args.aot_store:
-                    publish_if_new(open_store(args.aot_store), key, artifact)
+                    publish_if_new(open_store(args.aot_store, signing=_signing(args.signing_key)), key, artifact)
                 if args.aot:
                     extra[MAR_ARTIFACT_DIR] = artifact
             mar = build_mar(checkpoint, args.model_name, args.model_store, opts, extra_dirs=extra)
-    except (CheckpointError, ConversionError, ValueError, platform.PlatformError) as err:
+    except (CheckpointError, ConversionError, ValueError, platform.PlatformError, SigningKeyError) as err:
         print(f"archive.sh: error: {err}", file=sys.stderr)
         return 2
     print(mar)
     return 0
+
+
+def _signing(private_key: str | None) -> Signing:
+    if private_key is None:
+        logging.getLogger(__name__).warning(
+            "publishing an UNSIGNED artifact: replicas with cache_public_key refuse it (--signing-key)")
+        return Signing()
+    return Signing(signer=ManifestSigner.from_file(Path(private_key)))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
      ├── StoreUnavailable           the store cannot be used at all: fix config, network or credentials
      ├── ArtifactNotFound           the store works but holds no artifact for this key (a cache miss)
      ├── ArtifactVerificationError  the artifact does not match its manifest; it is never installed
+     │    └── ManifestSignatureError    the manifest is unsigned, or not signed by the fleet's key
+     ├── SigningKeyError            a signing or public key file cannot be used
      └── StoreUriError              the store URI names no store (s3:// without a bucket)
 """
 
@@ -29,6 +31,17 @@ class ArtifactVerificationError(CacheStoreError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class ManifestSignatureError(ArtifactVerificationError):
+    """The stored manifest is unsigned or its signature does not verify with the configured public key."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("manifest.json", reason)
+
+
+class SigningKeyError(CacheStoreError):
+    """A key file is unreadable or not an Ed25519 key of the kind asked for: a configuration error."""
 
 
 class StoreUriError(CacheStoreError):

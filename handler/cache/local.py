@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,20 +24,33 @@ class LocalStore(BlobStore):
     def describe(self) -> str:
         return f"local store {self.root}"
 
-    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback) -> bool:
+    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback, overwrite: bool = False) -> bool:
         def write(f: BinaryIO) -> None:
             with open(src, "rb") as s:
                 copy_chunks(file_chunks(s), f, on_bytes)
 
-        return self._put(name, write)
+        return self._put(name, write, exclusive=not overwrite)
 
     def _put_bytes(self, name: str, data: bytes) -> bool:
         return self._put(name, lambda f: f.write(data))
 
-    def _put(self, name: str, write: Callable[[BinaryIO], object]) -> bool:
+    def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
+        # Compare and swap under a lock beside the file: the local twin of S3's If-Match.
+        path = self.root / name
+        with self._errors(), open(path.parent / f".{path.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = self._get_bytes(name)[1]
+            except ArtifactNotFound:  # purged since it was read: a plain publish writes it
+                return False
+            if current != version:
+                return False
+            return self._put(name, lambda f: f.write(data), exclusive=False)
+
+    def _put(self, name: str, write: Callable[[BinaryIO], object], exclusive: bool = True) -> bool:
         with self._errors():
             try:
-                with atomic_file(self.root / name, exclusive=True) as f:
+                with atomic_file(self.root / name, exclusive=exclusive) as f:
                     write(f)
                 return True
             except FileExistsError:
@@ -47,12 +62,16 @@ class LocalStore(BlobStore):
         with src, open(dest, "wb") as d:
             copy_chunks(file_chunks(src), d, on_bytes)
 
-    def _get_bytes(self, name: str) -> bytes:
+    def _get_bytes(self, name: str) -> tuple[bytes, str]:
         with self._errors():
-            return (self.root / name).read_bytes()
+            data = (self.root / name).read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
 
-    def _has(self, name: str) -> bool:
-        return (self.root / name).is_file()
+    def _version(self, name: str) -> str | None:
+        try:
+            return self._get_bytes(name)[1]
+        except ArtifactNotFound:
+            return None
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

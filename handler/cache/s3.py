@@ -111,24 +111,34 @@ class S3Store(BlobStore):
                 raise
         return True
 
-    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback) -> bool:
+    def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
+        with self._errors(name):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfMatch=version)
+            except ClientError as e:
+                if _lost_race(e) or _code(e) in _MISSING_CODES:  # replaced or purged since we read it
+                    return False
+                raise
+        return True
+
+    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback, overwrite: bool = False) -> bool:
         size = src.stat().st_size
+        condition = {} if overwrite else {"IfNoneMatch": "*"}
         with self._errors(name):
             try:
                 if size <= MULTIPART_THRESHOLD:
                     with open(src, "rb") as f:
-                        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=f,
-                                               IfNoneMatch="*")
+                        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=f, **condition)
                     on_bytes(size)
                 else:
-                    self._put_multipart(self._key(name), src, on_bytes)
+                    self._put_multipart(self._key(name), src, on_bytes, condition)
             except ClientError as e:
                 if _lost_race(e):
                     return False
                 raise
         return True
 
-    def _put_multipart(self, key: str, src: Path, on_bytes: ByteCallback) -> None:
+    def _put_multipart(self, key: str, src: Path, on_bytes: ByteCallback, condition: dict[str, str]) -> None:
         # boto3's upload_file cannot send If-None-Match, so the parts are driven here.
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
         try:
@@ -140,7 +150,7 @@ class S3Store(BlobStore):
                     parts.append({"PartNumber": number, "ETag": r["ETag"]})
                     on_bytes(len(chunk))
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+                                                  MultipartUpload={"Parts": parts}, **condition)
         except BaseException:
             self._abort(key, upload_id)  # unfinished parts are billed until aborted
             raise
@@ -162,21 +172,20 @@ class S3Store(BlobStore):
             with body, open(dest, "wb") as f:
                 copy_chunks(body.iter_chunks(1 << 20), f, on_bytes)
 
-    def _get_bytes(self, name: str) -> bytes:
+    def _get_bytes(self, name: str) -> tuple[bytes, str]:
         with self._errors(name):
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
-            with body:
-                return bytes(body.read())
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+            with response["Body"] as body:
+                return bytes(body.read()), str(response["ETag"])
 
-    def _has(self, name: str) -> bool:
+    def _version(self, name: str) -> str | None:
         with self._errors(name):
             try:
-                self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+                return str(self.client.head_object(Bucket=self.bucket, Key=self._key(name))["ETag"])
             except ClientError as e:
                 if _code(e) in _MISSING_CODES:
-                    return False
+                    return None
                 raise
-        return True
 
     # ---- errors
 

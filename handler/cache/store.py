@@ -8,6 +8,12 @@ Stored layout, under a backend's root or prefix:
 Blobs are named by content so that two publishers racing on one key never overwrite each
 other's files with different bytes (compiled code is not byte-reproducible); the loser's
 manifest put fails, and the winner's manifest still matches every blob it names.
+
+The one overwrite: a process that rejected a stored artifact (fetch records the manifest's
+version, an S3 ETag) and compiled the key itself replaces it (publish(replace=version)) with a
+conditional write on that version, so an artifact someone else stored since is never clobbered.
+With a signer the stored manifest is signed, with a verifier a fetch refuses one the fleet key
+did not sign, before anything else is downloaded (handler.cache.signing).
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError
+from handler.cache.errors import ArtifactNotFound, ArtifactVerificationError, ManifestSignatureError
 from handler.cache.install import clear_leftovers, install_lock, installed, replace_dir, staging_dir
 from handler.cache.key import CacheKey
 from handler.cache.manifest import MANIFEST_NAME, FileEntry, Manifest, build_manifest, verify_dir
 from handler.cache.metrics import CacheMetrics
 from handler.cache.progress import ByteCallback, byte_progress
+from handler.cache.signing import Signing, unverified_body
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +46,7 @@ class PublishResult:
     files: int
     bytes: int
     location: str
+    replaced: bool = False  # published over an artifact this process had rejected
 
 
 @dataclass(frozen=True)
@@ -52,10 +60,14 @@ class FetchResult:
 
 
 class ArtifactStore(Protocol):
-    def publish(self, key: CacheKey, src_dir: Path) -> PublishResult: ...
+    signing: Signing
+
+    def publish(self, key: CacheKey, src_dir: Path, replace: str | None = None) -> PublishResult: ...
     def fetch(self, key: CacheKey, dest_dir: Path) -> FetchResult: ...
     def exists(self, key: CacheKey) -> bool: ...
     def describe(self) -> str: ...
+    def rejected_version(self, key: CacheKey) -> str | None:
+        """The version of the stored manifest a fetch of `key` rejected here, if one did."""
 
 
 def manifest_name(digest: str) -> str:
@@ -67,36 +79,43 @@ def blob_name(digest: str, sha256: str) -> str:
 
 
 class BlobStore(ABC):
-    """ArtifactStore over five primitives a backend implements (names are relative to its root)."""
+    """ArtifactStore over six primitives a backend implements (names are relative to its root)."""
 
     def __init__(self, *, metrics: CacheMetrics | None = None, progress: bool = True,
-                 workers: int = 8) -> None:
+                 workers: int = 8, signing: Signing | None = None) -> None:
         assert workers >= 1, workers
         self.metrics = metrics if metrics is not None else CacheMetrics.create()
         self.progress = progress
         self.workers = workers  # files move in parallel: artifacts are often many small files
+        self.signing = signing if signing is not None else Signing()
+        self._rejected: dict[str, str] = {}  # key digest -> version of the manifest a fetch rejected
 
     @abstractmethod
     def describe(self) -> str: ...
 
     @abstractmethod
-    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback) -> bool:
-        """Store src under name unless name exists; False when it already did."""
+    def _put_file(self, name: str, src: Path, on_bytes: ByteCallback, overwrite: bool = False) -> bool:
+        """Store src under name unless name exists (or regardless, with overwrite); False when it already did."""
 
     @abstractmethod
     def _put_bytes(self, name: str, data: bytes) -> bool:
         """Store data under name unless name exists; False when it already did."""
 
     @abstractmethod
+    def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
+        """Store data under name only if name holds `version` now; False when it does not."""
+
+    @abstractmethod
     def _get_file(self, name: str, size: int, dest: Path, on_bytes: ByteCallback) -> None:
         """Write the blob to dest; ArtifactNotFound if absent."""
 
     @abstractmethod
-    def _get_bytes(self, name: str) -> bytes:
-        """The blob's content; ArtifactNotFound if absent."""
+    def _get_bytes(self, name: str) -> tuple[bytes, str]:
+        """The blob's content and version (what _replace_bytes compares); ArtifactNotFound if absent."""
 
     @abstractmethod
-    def _has(self, name: str) -> bool: ...
+    def _version(self, name: str) -> str | None:
+        """The blob's version, None if absent."""
 
     def _preflight(self) -> None:  # noqa: B027 - an optional hook: most stores have nothing to check
         """Fail with StoreUnavailable before the first operation if the store cannot work."""
@@ -105,23 +124,48 @@ class BlobStore(ABC):
 
     def exists(self, key: CacheKey) -> bool:
         self._preflight()
-        return self._has(manifest_name(key.digest()))
+        return self._version(manifest_name(key.digest())) is not None
 
-    def publish(self, key: CacheKey, src_dir: Path) -> PublishResult:
+    def rejected_version(self, key: CacheKey) -> str | None:
+        return self._rejected.get(key.digest())
+
+    def publish(self, key: CacheKey, src_dir: Path, replace: str | None = None) -> PublishResult:
+        """`replace`: the version of a stored manifest this process rejected (rejected_version,
+        or a restore's record); src_dir's artifact replaces exactly that one, never another."""
         digest = key.digest()
-        if self.exists(key):  # skip hashing and uploading what is already stored
+        if replace is None and self.exists(key):  # skip hashing and uploading what is already stored
+            return PublishResult(digest, False, 0, 0, self.describe())
+        stored = None if replace is None else self._version(manifest_name(digest))
+        if stored is not None and stored != replace:  # replaced by someone else since: theirs stands
             return PublishResult(digest, False, 0, 0, self.describe())
         manifest = build_manifest(src_dir, key.describe())
         if not manifest.files:
             raise ValueError(f"{src_dir}: no files to publish")
         unique = {e.sha256: e for e in manifest.files}  # identical files are stored once
         total = sum(e.size for e in unique.values())
+        # Replacing, blobs are rewritten: the rejected artifact may have a damaged blob under a
+        # name ours shares, and rewriting a content-addressed name with its content harms no one.
+        overwrite = stored is not None
         with byte_progress(total, f"upload {digest}", self.progress) as on_bytes:
-            self._parallel(lambda e: self._put_file(blob_name(digest, e.sha256), src_dir / e.path, on_bytes),
-                           unique.values())
-        # Last, and never overwritten: the manifest's presence is what marks the artifact complete.
-        published = self._put_bytes(manifest_name(digest), manifest.to_json())
-        return PublishResult(digest, published, len(manifest.files), manifest.total_bytes, self.describe())
+            self._parallel(lambda e: self._put_file(blob_name(digest, e.sha256), src_dir / e.path, on_bytes,
+                                                    overwrite), unique.values())
+        data = manifest.to_json() if self.signing.signer is None else self.signing.signer.sign(manifest.to_json())
+        # Last: the manifest's presence is what marks the artifact complete.
+        if stored is None:
+            published = self._put_bytes(manifest_name(digest), data)
+        else:
+            published = self._replace_bytes(manifest_name(digest), data, stored)
+            self._replaced(digest, published)
+        return PublishResult(digest, published, len(manifest.files), manifest.total_bytes, self.describe(),
+                             replaced=published and stored is not None)
+
+    def _replaced(self, digest: str, replaced: bool) -> None:
+        if not replaced:  # another publisher replaced it first: theirs stands
+            return
+        self._rejected.pop(digest, None)
+        self.metrics.replaced.inc()
+        log.warning("compile cache: replaced the rejected artifact %s in %s with the one compiled here",
+                    digest, self.describe())
 
     def fetch(self, key: CacheKey, dest_dir: Path) -> FetchResult:
         start = time.monotonic()
@@ -135,10 +179,11 @@ class BlobStore(ABC):
                                    time.monotonic() - start)
             clear_leftovers(dest_dir)  # we hold the lock: any staging dir is from a dead process
             self._preflight()
+            data, version = self._read_manifest(key)
             try:
-                manifest = self._install(key, dest_dir)
+                manifest = self._install(key, self._open_manifest(key, data), dest_dir)
             except ArtifactVerificationError as err:
-                self._reject(digest, err)
+                self._reject(digest, version, err)
                 raise
         self.metrics.downloads.inc()
         return FetchResult(digest, dest_dir, True, len(manifest.files), manifest.total_bytes,
@@ -146,8 +191,7 @@ class BlobStore(ABC):
 
     # ---- fetch steps
 
-    def _install(self, key: CacheKey, dest_dir: Path) -> Manifest:
-        manifest = self._load_manifest(key)
+    def _install(self, key: CacheKey, manifest: Manifest, dest_dir: Path) -> Manifest:
         with staging_dir(dest_dir) as staged:
             with byte_progress(manifest.total_bytes, f"download {key.digest()}", self.progress) as on_bytes:
                 self._parallel(lambda e: self._download(key.digest(), e, staged, on_bytes), manifest.files)
@@ -156,12 +200,17 @@ class BlobStore(ABC):
             replace_dir(staged, dest_dir)
         return manifest
 
-    def _load_manifest(self, key: CacheKey) -> Manifest:
+    def _read_manifest(self, key: CacheKey) -> tuple[bytes, str]:
         try:
-            data = self._get_bytes(manifest_name(key.digest()))
+            return self._get_bytes(manifest_name(key.digest()))
         except ArtifactNotFound as e:
             raise ArtifactNotFound(f"no artifact {key.digest()} in {self.describe()}") from e
-        manifest = Manifest.from_json(data)
+
+    def _open_manifest(self, key: CacheKey, data: bytes) -> Manifest:
+        """The signature first (when a public key is configured), over the stored bytes: nothing
+        the manifest names is downloaded, and its JSON is not even parsed, before it verifies."""
+        verifier = self.signing.verifier
+        manifest = Manifest.from_json(unverified_body(data) if verifier is None else verifier.open(data))
         if manifest.key != key.describe():
             raise ArtifactVerificationError(MANIFEST_NAME, f"describes key {manifest.key_digest!r}, "
                                                            f"not {key.digest()!r}")
@@ -176,10 +225,13 @@ class BlobStore(ABC):
             # The manifest promised this blob: the artifact is damaged, not merely absent.
             raise ArtifactVerificationError(entry.path, "listed in manifest but missing from store") from e
 
-    def _reject(self, digest: str, err: ArtifactVerificationError) -> None:
+    def _reject(self, digest: str, version: str, err: ArtifactVerificationError) -> None:
         self.metrics.rejected.inc()
-        log.error("compile cache: REJECTED artifact %s from %s: %s; it was discarded and not installed",
-                  digest, self.describe(), err)
+        if isinstance(err, ManifestSignatureError):
+            self.metrics.signature_rejected.inc()
+        self._rejected[digest] = version
+        log.error("compile cache: REJECTED artifact %s from %s: %s; it was discarded and not installed "
+                  "(a replica that compiles this key replaces it in the store)", digest, self.describe(), err)
 
     def _parallel(self, fn: Callable[[T], object], items: Iterable[T]) -> None:
         """Run fn over items on the worker pool; the first failure cancels the rest and is raised."""

@@ -30,6 +30,7 @@ class RestoreOutcome(StrEnum):
 
 class PublishOutcome(StrEnum):
     PUBLISHED = "published"
+    REPLACED = "replaced"  # published over an artifact this replica had rejected
     ALREADY_PRESENT = "already_present"
     STORE_UNAVAILABLE = "store_unavailable"
 
@@ -87,11 +88,12 @@ def restore_in_background(store: ArtifactStore, key: CacheKey, dest_dir: Path,
 
 
 def publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
-                   log: logging.Logger | None = None) -> PublishOutcome:
+                   log: logging.Logger | None = None, replace: str | None = None) -> PublishOutcome:
+    """`replace`: the version of the stored manifest this replica rejected (see BlobStore.publish)."""
     log = log or _log
     digest = key.digest()
     try:
-        result = store.publish(key, src_dir)
+        result = store.publish(key, src_dir, replace)
     except CacheStoreError as e:
         log.warning("compile cache: not published, store unavailable: %s", e)
         return PublishOutcome.STORE_UNAVAILABLE
@@ -100,4 +102,4 @@ def publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
         return PublishOutcome.ALREADY_PRESENT
     log.info("compile cache: published %s (%d files, %.1f MB) to %s", digest, result.files,
              result.bytes / 1e6, result.location)
-    return PublishOutcome.PUBLISHED
+    return PublishOutcome.REPLACED if result.replaced else PublishOutcome.PUBLISHED

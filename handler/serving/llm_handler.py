@@ -19,7 +19,7 @@ from handler.engine.factory import build_engine
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.loop_service import Delivery, LoopService
-from handler.serving.metrics import TorchServeSink, observe_engine_mode
+from handler.serving.metrics import EngineModeGauge, TorchServeSink
 from handler.serving.protocol import MAX_N, Limits
 from handler.serving.service import DynamicService, Incoming, Reply
 from handler.serving.tools import tool_format
@@ -63,12 +63,13 @@ class LLMHandler(BaseHandler):
         log.info("compile cache: %s (set handler.compile_cache_dir or TS_LLM_CACHE_DIR to move it)",
                  places.shelf or places.cache_dir or "none: nothing compiled here is kept")
         engine_cfg = cfg.engine
-        loaded = build_engine(engine_cfg, on_fallback=lambda reason: _served_eager(sink),
+        mode = EngineModeGauge(sink)
+        loaded = build_engine(engine_cfg, on_fallback=lambda reason: _served_eager(sink, mode),
                               places=places, on_rejected=lambda: sink.observe("ts_llm_compile_artifacts_rejected_total", 1),
-                              on_compiled=lambda seconds: _served_compiled(sink, seconds))
+                              on_compiled=lambda seconds: _served_compiled(sink, mode, seconds))
         if loaded.steps.background is None:
             sink.observe("ts_llm_compile_seconds", loaded.steps.compile_seconds)
-        observe_engine_mode(sink, loaded.steps.serving)
+        mode.started(loaded.steps.serving)
         sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
         sink.observe("ts_llm_engine_info", 1, loaded.path)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
@@ -138,14 +139,16 @@ def artifact_places(cfg: HandlerConfig, model_dir: Path) -> ArtifactPlaces:
     return ArtifactPlaces(Path(cfg.compile_cache_dir), bundled)
 
 
-def _served_eager(sink: TorchServeSink) -> None:
+def _served_eager(sink: TorchServeSink, mode: EngineModeGauge) -> None:
     sink.observe("ts_llm_compile_eager_fallback_total", 1)
-    observe_engine_mode(sink, "eager")
+    mode.settled("eager")
 
 
-def _served_compiled(sink: TorchServeSink, seconds: float) -> None:
+def _served_compiled(sink: TorchServeSink, mode: EngineModeGauge, seconds: float) -> None:
+    """Called as a background load ends (on its thread), not at the next request: an idle
+    replica's gauge says "compiled" as soon as the next step would run compiled."""
     sink.observe("ts_llm_compile_seconds", seconds)
-    observe_engine_mode(sink, "compiled")
+    mode.settled("compiled")
 
 
 def _incoming(idx: int, row: dict, context) -> Incoming:

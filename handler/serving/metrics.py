@@ -5,6 +5,7 @@ Prometheus endpoint; every name here must also be declared in metrics.yaml (a te
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -53,6 +54,27 @@ def observe_engine_mode(sink: MetricSink, mode: str) -> None:
         sink.observe("ts_llm_engine_mode", float(m == mode), m)
 
 
+class EngineModeGauge:
+    """ts_llm_engine_mode over a worker's start: the mode the steps start in, then the one a
+    background load settles on (from its own thread, as it ends). A load that ends before the
+    start is reported must not be overwritten by the start's "loading"."""
+
+    def __init__(self, sink: MetricSink):
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._settled = False
+
+    def started(self, mode: str) -> None:
+        with self._lock:
+            if not self._settled:
+                observe_engine_mode(self._sink, mode)
+
+    def settled(self, mode: str) -> None:
+        with self._lock:
+            self._settled = True
+            observe_engine_mode(self._sink, mode)
+
+
 STEP_COUNTERS = {"ts_llm_generation_tokens_total"}  # observed every decode step
 COUNTER_WRITE_S = 1.0  # their sums are written at most this often (and at flush)
 
@@ -64,7 +86,8 @@ class TorchServeSink:
     step before this (3% of a one-client worker's time, measured with py-spy), so per-step series
     are thinned without changing what Prometheus reads: a gauge is written when its value
     changes, STEP_COUNTERS are summed and written at most every COUNTER_WRITE_S and at flush()
-    (the service flushes when its engine goes idle); other counters and histograms as observed."""
+    (the service flushes when its engine goes idle); other counters and histograms as observed.
+    Thread-safe: a background load reports the engine mode from its own thread as it ends."""
 
     def __init__(self, context_metrics, model_name: str, clock: Callable[[], float] = time.monotonic):
         self._metrics = context_metrics
@@ -73,8 +96,17 @@ class TorchServeSink:
         self._gauges: dict[tuple[str, str | None], float] = {}
         self._counts: dict[tuple[str, str | None], float] = {}
         self._written_at = clock()
+        self._lock = threading.Lock()
 
     def observe(self, name: str, value: float, label: str | None = None) -> None:
+        with self._lock:
+            self._observe(name, value, label)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _observe(self, name: str, value: float, label: str | None) -> None:
         key = (name, label)
         if name in GAUGES:
             if self._gauges.get(key) != value:
@@ -83,11 +115,11 @@ class TorchServeSink:
         elif name in STEP_COUNTERS:
             self._counts[key] = self._counts.get(key, 0) + value
             if self._clock() - self._written_at >= COUNTER_WRITE_S:
-                self.flush()
+                self._flush()
         else:
             self._write(name, value, label)
 
-    def flush(self) -> None:
+    def _flush(self) -> None:
         for (name, label), value in self._counts.items():
             self._write(name, value, label)
         self._counts.clear()

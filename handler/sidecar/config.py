@@ -96,6 +96,11 @@ class SidecarConfig:
     restore_at_start: bool = _f(False, "entrypoint only: restore the compile cache while "
                                        "TorchServe starts (its worker waits for the download) "
                                        "instead of in a restore step before it")
+    cache_public_key: str | None = _f(None, "PEM file of the fleet's Ed25519 public key: a restore "
+                                            "refuses manifests it did not sign (unset: hash checks only, "
+                                            "warned at start)")
+    cache_signing_key: str | None = _f(None, "PEM file of the fleet's Ed25519 private key: publishes sign "
+                                             "with it (unset with cache_public_key: this pod does not publish)")
     publish_after_start: bool = _f(True, "with a cache store, publish once when TorchServe is "
                                          "first ready (a cold start's artifact reaches the "
                                          "store then); the drain publishes regardless")
@@ -130,6 +135,8 @@ class SidecarConfig:
             raise ConfigError("cache_store (--cache-store) and cache_dir (--cache-dir) go "
                               f"together; got cache_store={self.cache_store!r} "
                               f"cache_dir={self.cache_dir!r}")
+        if (self.cache_public_key or self.cache_signing_key) and not self.cache_store:
+            raise ConfigError("cache_public_key and cache_signing_key need cache_store and cache_dir")
         if self.restore_at_start and not self.cache_store:
             raise ConfigError("restore_at_start needs cache_store and cache_dir")
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.serving.metrics import COUNTER_WRITE_S, ENGINE_MODES, TorchServeSink, observe_engine_mode
+from handler.serving.metrics import COUNTER_WRITE_S, ENGINE_MODES, EngineModeGauge, TorchServeSink, observe_engine_mode
 from tests.support.recording_sink import RecordingSink
 
 
@@ -16,6 +16,28 @@ def test_engine_mode_sets_its_series_to_one_and_the_others_to_zero():
 def test_engine_mode_refuses_a_mode_it_does_not_know():
     with pytest.raises(AssertionError):
         observe_engine_mode(RecordingSink(), "warm")
+
+
+def _mode(sink: RecordingSink) -> str:
+    """The mode whose series was last set to 1."""
+    return [label for name, value, label in sink.values if name == "ts_llm_engine_mode" and value == 1][-1]
+
+
+def test_engine_mode_gauge_reports_the_start_then_what_the_load_settled_on():
+    sink = RecordingSink()
+    gauge = EngineModeGauge(sink)
+    gauge.started("loading")
+    assert _mode(sink) == "loading"
+    gauge.settled("compiled")
+    assert _mode(sink) == "compiled"
+
+
+def test_a_load_that_settles_before_the_start_is_reported_is_not_overwritten():
+    sink = RecordingSink()
+    gauge = EngineModeGauge(sink)
+    gauge.settled("compiled")  # the background load won the race with the handler's start
+    gauge.started("loading")
+    assert _mode(sink) == "compiled"
 
 
 class _Clock:

@@ -37,8 +37,9 @@ from handler.engine.model import Transformer
 
 log = logging.getLogger(__name__)
 
-OnFallback = Callable[[str], None]  # serving eager after a failure (on_compile_error=eager); gets the reason
-OnCompiled = Callable[[float], None]  # a background load finished in this many seconds; its steps serve from now on
+OnFallback = Callable[[str], None]  # serving eager after a failure (on_compile_error=eager); gets the reason; any thread
+# A background load finished in this many seconds; its steps serve from the next one (called on the loading thread)
+OnCompiled = Callable[[float], None]
 
 
 @dataclass

@@ -34,7 +34,9 @@ LOADED = "compiled steps are loaded"  # logged by the load: the next step switch
 
 class BackgroundLoad:
     """Runs `load` (returning an object with .prefill and .decode) in a daemon thread; until it
-    finishes, step(name) runs the eager step. Switch-over callbacks run on the serving thread."""
+    finishes, step(name) runs the eager step. The callbacks run on the loading thread as the load
+    ends (before `done` is set), not at the next step: an idle replica's metrics must not keep
+    saying "loading" or "compiling" once the compiled steps are in."""
 
     def __init__(self, eager: Any, load: Callable[[], Any], allow_eager: bool,
                  on_compiled: Callable[[float], None] | None = None, on_failed: Callable[[str], None] | None = None):
@@ -64,14 +66,26 @@ class BackgroundLoad:
         sys.setswitchinterval(LOADING_SWITCH_INTERVAL)
         try:
             self._loaded = self._load()
-        except BaseException as err:  # reported on the serving thread, see _current
+        except BaseException as err:  # reported in _report, and raised by steps unless eager is allowed
             self._error = err
         finally:
             sys.setswitchinterval(interval)
         self._seconds = time.perf_counter() - start
-        if self._error is None:  # said before done is set: whoever waits on done finds it logged
+        try:  # said and reported before done is set: whoever waits on done finds both
+            self._report()
+        finally:
+            self.done.set()
+
+    def _report(self) -> None:
+        if self._error is None:
             log.info("%s; the next step switches to them", LOADED)
-        self.done.set()
+            if self._on_compiled is not None:
+                self._on_compiled(self._seconds)
+        elif self._allow_eager:
+            log.error("loading the compiled model in the background FAILED (%s); serving EAGER because "
+                      "on_compile_error=eager", failure_reason(self._error), exc_info=self._error)
+            if self._on_failed is not None:
+                self._on_failed(failure_reason(self._error))
 
     @property
     def compiled(self) -> bool:
@@ -90,21 +104,12 @@ class BackgroundLoad:
             if not self._switched:
                 self._switched = True
                 log.info("compiled steps loaded in the background in %.1f s; %s", self._seconds, SWITCHED)
-                if self._on_compiled is not None:
-                    self._on_compiled(self._seconds)
             return self._loaded
         return self._eager_after_failure(self._error)
 
     def _eager_after_failure(self, error: BaseException) -> Any:
-        reason = failure_reason(error)
-        if not self._allow_eager:
-            raise CompileError(f"loading the compiled model in the background failed ({reason}); "
+        if not self._allow_eager:  # the eager fallback was reported as the load ended
+            raise CompileError(f"loading the compiled model in the background failed ({failure_reason(error)}); "
                                "fix it or set on_compile_error: eager") from error
-        if not self._switched:
-            self._switched = True
-            log.error("loading the compiled model in the background FAILED (%s); serving EAGER because "
-                      "on_compile_error=eager", reason, exc_info=error)
-            if self._on_failed is not None:
-                self._on_failed(reason)
         return self._eager
 

@@ -20,7 +20,10 @@ all has nothing to publish.
 The restore runs in its own process (an init container), or in a thread of the entrypoint while
 TorchServe starts (restore_at_start), so its counters do not go to the watching sidecar's
 registry directly: it writes them to a small record beside the cache dir
-(`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start.
+(`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start. The
+record also names the version of a stored manifest the restore rejected: this replica compiles
+that key cold, and its publish replaces exactly that object (handler.cache.store), so one bad
+artifact does not send every later replica to a cold start.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from handler.cache import (
 from handler.cache.check import Verdict, check_artifact
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import artifact_files
-from handler.cache.sync import RestoreOutcome, publish_if_new, restore_in_background
+from handler.cache.signing import Signing
+from handler.cache.sync import PublishOutcome, RestoreOutcome, publish_if_new, restore_in_background
 from handler.files import write_atomic
 from handler.sidecar.errors import ConfigError, SidecarError
 
@@ -63,10 +67,10 @@ class ArtifactDirError(SidecarError):
 
 
 def open_store(uri: str, endpoint_url: str | None = None, region: str | None = None,
-               metrics: CacheMetrics | None = None) -> ArtifactStore:
+               metrics: CacheMetrics | None = None, signing: Signing | None = None) -> ArtifactStore:
     """handler.cache.open_store, with a URI that names no store as a ConfigError (exit 2)."""
     try:
-        return open_uri(uri, endpoint_url, region, metrics)
+        return open_uri(uri, endpoint_url, region, metrics, signing)
     except StoreUriError as err:
         raise ConfigError(str(err)) from err
 
@@ -89,19 +93,20 @@ def restore_record_path(cache_dir: Path) -> Path:
 
 
 def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
-            region: str | None = None) -> str:
-    return str(start_restore(store_uri, key_path, dest_dir, endpoint_url, region).result())
+            region: str | None = None, signing: Signing | None = None) -> str:
+    return str(start_restore(store_uri, key_path, dest_dir, endpoint_url, region, signing).result())
 
 
 def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
-                  region: str | None = None) -> Future[str]:
+                  region: str | None = None, signing: Signing | None = None) -> Future[str]:
     """The restore, running once this returns and holding the cache dir's install lock (see
     handler.cache.sync.restore_in_background): a worker started now waits for it. Its outcome
     and counters go to the restore record when it ends."""
     # The counters leave through the record (a restore step is its own process).
     registry = CollectorRegistry()
-    store = open_store(store_uri, endpoint_url, region, CacheMetrics.create(registry))
+    store = open_store(store_uri, endpoint_url, region, CacheMetrics.create(registry), signing)
     restoring: Future[str] | Future[RestoreOutcome]
+    key: CacheKey | None = None
     if not key_path.exists():
         log.warning("no cache key at %s: nothing to look up; TorchServe will compile cold",
                     key_path)
@@ -109,27 +114,33 @@ def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: 
         no_key.set_result(NO_KEY)
         restoring = no_key
     else:
-        restoring = restore_in_background(store, load_key(key_path), dest_dir, log)
+        key = load_key(key_path)
+        restoring = restore_in_background(store, key, dest_dir, log)
     outcome: Future[str] = Future()  # resolved once the record is written
 
     def record(done: Future[str] | Future[RestoreOutcome]) -> None:
         if done.exception() is not None:
             outcome.set_exception(done.exception())
             return
-        _write_restore_record(dest_dir, str(done.result()), registry)
+        rejected = (key.digest(), store.rejected_version(key)) if key is not None else None
+        _write_restore_record(dest_dir, str(done.result()), registry, rejected)
         outcome.set_result(str(done.result()))
 
     restoring.add_done_callback(record)
     return outcome
 
 
-def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegistry) -> None:
+def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegistry,
+                          rejected: tuple[str, str | None] | None) -> None:
     def count(name: str) -> int:
         return int(registry.get_sample_value(name) or 0)
 
     record = {"outcome": outcome, "epoch": time.time(),
               "rejected": count("ts_llm_cache_artifacts_rejected_total"),
+              "signature_rejected": count("ts_llm_cache_manifest_signatures_rejected_total"),
               "downloads": count("ts_llm_cache_artifact_downloads_total")}
+    if rejected is not None and rejected[1] is not None:
+        record["rejected_digest"], record["rejected_version"] = rejected
     path = restore_record_path(dest_dir)
     try:
         write_atomic(path, json.dumps(record))
@@ -143,6 +154,13 @@ class RestoreRecord:
     outcome: str  # a RestoreOutcome, or NO_KEY
     rejected: int  # artifacts the store rejected during the restore
     downloads: int
+    signature_rejected: int = 0  # of the rejected: unsigned or wrongly signed manifests
+    rejected_digest: str | None = None  # the key whose stored manifest was rejected...
+    rejected_version: str | None = None  # ...and that manifest's version (an S3 ETag): what a publish replaces
+
+    def replaces(self, key: CacheKey) -> str | None:
+        """The stored version a publish of `key` may replace: the one this restore rejected."""
+        return self.rejected_version if self.rejected_digest == key.digest() else None
 
 
 def read_restore_record(cache_dir: Path) -> RestoreRecord | None:
@@ -151,8 +169,9 @@ def read_restore_record(cache_dir: Path) -> RestoreRecord | None:
     path = restore_record_path(cache_dir)
     try:
         record = json.loads(path.read_text())
-        return RestoreRecord(str(record["outcome"]), int(record["rejected"]),
-                             int(record["downloads"]))
+        return RestoreRecord(str(record["outcome"]), int(record["rejected"]), int(record["downloads"]),
+                             int(record.get("signature_rejected", 0)), record.get("rejected_digest"),
+                             record.get("rejected_version"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -198,10 +217,10 @@ def _artifact_files(src_dir: Path) -> dict[str, Path]:
 
 
 def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | None = None,
-            region: str | None = None) -> str:
+            region: str | None = None, signing: Signing | None = None) -> str:
     """`ts-llm-sidecar publish`. Raises ArtifactDirError for a cache dir with no artifact to
     publish (the command was asked to publish one) or one that must not be published."""
-    store = open_store(store_uri, endpoint_url, region)
+    store = open_store(store_uri, endpoint_url, region, signing=signing)
     key = publishable_key(key_path, src_dir)
     if key == NO_KEY:
         log.warning("%s", nothing_to_publish(key, key_path, src_dir))
@@ -209,6 +228,13 @@ def publish(store_uri: str, key_path: Path, src_dir: Path, endpoint_url: str | N
     if isinstance(key, str):
         raise ArtifactDirError(nothing_to_publish(key, key_path, src_dir))
     return _publish_if_new(store, key, src_dir, log)
+
+
+def replaceable(store: ArtifactStore, key: CacheKey, src_dir: Path) -> str | None:
+    """The stored manifest version this replica rejected for `key` (in this process, or in the
+    restore step's record): its freshly compiled artifact replaces that one, and only that one."""
+    record = read_restore_record(src_dir)
+    return store.rejected_version(key) or (record.replaces(key) if record is not None else None)
 
 
 def nothing_to_publish(missing: str, key_path: Path, src_dir: Path) -> str:
@@ -221,11 +247,30 @@ def nothing_to_publish(missing: str, key_path: Path, src_dir: Path) -> str:
 def _publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
                     logger: logging.Logger) -> str:
     try:
-        return str(publish_if_new(store, key, src_dir, logger))
+        outcome = publish_if_new(store, key, src_dir, logger, replaceable(store, key, src_dir))
     except ValueError as err:  # changed under us since the check: empty, or a symlink
         raise ArtifactDirError(f"{err}: not published") from err
     except OSError as err:  # a file vanished or is unreadable (store errors are CacheStoreError)
         raise ArtifactDirError(f"publishing {src_dir} failed: {err}") from err
+    if outcome is PublishOutcome.REPLACED:
+        _forget_rejection(src_dir)
+    return str(outcome)
+
+
+def _forget_rejection(cache_dir: Path) -> None:
+    """The rejected version is replaced: a later publish must not replace what replaced it (a
+    fresh artifact with the same bytes has the same version)."""
+    path = restore_record_path(cache_dir)
+    try:
+        record = json.loads(path.read_text())
+        record.pop("rejected_digest", None)
+        record.pop("rejected_version", None)
+        write_atomic(path, json.dumps(record))
+    except FileNotFoundError:  # no restore record: nothing to forget
+        return
+    except (OSError, ValueError) as err:
+        log.warning("cannot clear the rejection from the restore record %s (%s): a later publish may "
+                    "replace the stored artifact again", path, err)
 
 
 class Publisher:
@@ -238,9 +283,9 @@ class Publisher:
 
     def __init__(self, store_uri: str, key_path: Path, src_dir: Path,
                  endpoint_url: str | None = None, region: str | None = None,
-                 metrics: CacheMetrics | None = None) -> None:
+                 metrics: CacheMetrics | None = None, signing: Signing | None = None) -> None:
         self.store_uri, self.key_path, self.src_dir = store_uri, key_path, src_dir
-        self._store = open_store(store_uri, endpoint_url, region, metrics)
+        self._store = open_store(store_uri, endpoint_url, region, metrics, signing)
         self._lock = threading.Lock()
 
     def __call__(self, publish_by: float) -> bool:
@@ -253,7 +298,7 @@ class Publisher:
             outcome = _publish_if_new(self._store, key, self.src_dir, log)
         if outcome == "store_unavailable":
             raise SidecarError(f"cache store {self.store_uri} unavailable; not published")
-        return outcome == "published"
+        return outcome in (PublishOutcome.PUBLISHED, PublishOutcome.REPLACED)
 
     def publish_after_start(self) -> str:
         """Publish once if the cache dir holds an artifact the store lacks (a cold start

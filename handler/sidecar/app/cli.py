@@ -19,6 +19,7 @@ from pathlib import Path
 
 from handler.sidecar.app import cache_sync
 from handler.sidecar.app.sidecar import Sidecar
+from handler.sidecar.app.signing_keys import load_signing, may_publish
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
 from handler.sidecar.drain.client import exit_code, request_drain
 from handler.sidecar.errors import ConfigError, SidecarError
@@ -90,17 +91,20 @@ def run_restore(args: argparse.Namespace) -> int:
     config = _cache_config(config_from_args(args))
     outcome = cache_sync.restore(str(config.cache_store), _key(config),
                                   Path(str(config.cache_dir)), config.aws_endpoint_url,
-                                  config.aws_region)
+                                  config.aws_region, load_signing(config))
     log.info("cache restore: %s", outcome)
     return 0  # a miss or an unavailable store means a cold start, not a failed container
 
 
 def run_publish(args: argparse.Namespace) -> int:
     config = _cache_config(config_from_args(args))
+    signing = load_signing(config)
+    if not may_publish(signing):
+        raise ConfigError("publish needs cache_signing_key when cache_public_key is set")
     try:
         outcome = cache_sync.publish(str(config.cache_store), _key(config),
                                       Path(str(config.cache_dir)), config.aws_endpoint_url,
-                                      config.aws_region)
+                                      config.aws_region, signing)
     except cache_sync.ArtifactDirError as err:
         # Nothing to publish, or something that must not be: one line, no traceback.
         log.error("cache publish: %s", err)

@@ -32,6 +32,7 @@ from handler.engine import platform
 from handler.sidecar.app import cache_sync
 from handler.sidecar.app.cli import setup_logging
 from handler.sidecar.app.sidecar import Hooks, Sidecar
+from handler.sidecar.app.signing_keys import load_signing
 from handler.sidecar.config import SidecarConfig, add_config_arguments, config_from_args
 from handler.sidecar.errors import ConfigError
 from handler.torchserve.stop import terminate_tree
@@ -76,7 +77,7 @@ def start_restore(config: SidecarConfig, on_done: Callable[[], None]) -> Future[
     on_done() runs when the restore has ended and written its record."""
     assert config.cache_store and config.cache_dir and config.cache_key_path, "checked by the config"
     restoring = cache_sync.start_restore(config.cache_store, config.cache_key_path, Path(config.cache_dir),
-                                          config.aws_endpoint_url, config.aws_region)
+                                          config.aws_endpoint_url, config.aws_region, load_signing(config))
 
     def done(outcome: Future[str]) -> None:
         if outcome.exception() is not None:

@@ -237,6 +237,7 @@ class Sidecar:
             return
         self.metrics.cache_restores.labels(outcome=record.outcome).inc()
         self.cache_metrics.rejected.inc(record.rejected)
+        self.cache_metrics.signature_rejected.inc(record.signature_rejected)
         self.cache_metrics.downloads.inc(record.downloads)
 
     def _publish_after_start(self, publisher: cache_sync.Publisher) -> None:
@@ -252,7 +253,7 @@ class Sidecar:
             if ready:
                 outcome = publisher.publish_after_start()
                 self.metrics.publishes_after_start.labels(outcome=outcome).inc()
-                if outcome in (PublishOutcome.PUBLISHED, PublishOutcome.ALREADY_PRESENT):
+                if outcome in (PublishOutcome.PUBLISHED, PublishOutcome.REPLACED, PublishOutcome.ALREADY_PRESENT):
                     self._in_store.set()
                 return
             self._stop.wait(self.config.poll_interval_s)

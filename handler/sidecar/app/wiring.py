@@ -18,6 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from handler.cache import CacheMetrics
 from handler.sidecar.app import cache_sync
+from handler.sidecar.app.signing_keys import load_signing, may_publish
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
 from handler.sidecar.drain import admission, capacity
 from handler.sidecar.drain.report import DrainReport
@@ -78,8 +79,11 @@ def config_publisher(config: SidecarConfig,
     key_path = config.cache_key_path
     if not (config.cache_store and config.cache_dir and key_path):
         return None
+    signing = load_signing(config)
+    if not may_publish(signing):
+        return None
     return cache_sync.Publisher(config.cache_store, key_path, Path(config.cache_dir),
-                                config.aws_endpoint_url, config.aws_region, metrics)
+                                config.aws_endpoint_url, config.aws_region, metrics, signing)
 
 
 def config_running(config: SidecarConfig) -> Callable[[], int] | None:

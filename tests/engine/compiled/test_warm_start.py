@@ -39,7 +39,27 @@ def test_eager_steps_serve_until_the_load_finishes_then_the_loaded_ones(caplog):
     assert bg.done.wait(10) and bg.compiled
     assert LOADED in caplog.text, "the load says so when it ends: benchmarks drive a step then"
     assert decode(3) == ("compiled decode", 3) and prefill(4) == ("compiled prefill", 4)
-    assert len(compiled) == 1 and compiled[0] >= 0, "reported once, at the first compiled step"
+    assert len(compiled) == 1 and compiled[0] >= 0, "reported once"
+
+
+def test_the_switch_is_reported_as_the_load_ends_with_no_step_run():
+    # An idle replica runs no step: its engine-mode gauge must not wait for the next request.
+    gate, load = _gated()
+    compiled: list[float] = []
+    bg = BackgroundLoad(EAGER, load, allow_eager=False, on_compiled=compiled.append).start()
+    assert compiled == []
+    gate.set()
+    assert bg.done.wait(10)
+    assert len(compiled) == 1, "reported before done is set, with no step run"
+
+
+def test_a_failed_load_is_reported_as_it_ends_with_no_step_run():
+    gate, load = _gated(error=RuntimeError("bad graph"))
+    failures: list[str] = []
+    bg = BackgroundLoad(EAGER, load, allow_eager=True, on_failed=failures.append).start()
+    gate.set()
+    assert bg.done.wait(10)
+    assert failures == ["RuntimeError: bad graph"]
 
 
 def test_a_failed_load_raises_at_every_step_unless_eager_is_allowed():
