@@ -110,13 +110,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor, scale: float | None = None) -> Tensor:
     """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
-    sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D].
-
-    Written out rather than F.scaled_dot_product_attention: for one query row with a mask and
-    grouped KV heads, CPU SDPA costs 3-4x this (1 ms vs 0.3 ms per layer at batch 32, 64
-    positions). The query heads sharing a KV head form the rows of one matmul, so keys and
-    values are read once per KV head; scores are taken in fp32 for the softmax, as eager HF does.
-    """
+    sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D]. Written out: CPU SDPA
+    costs 3-4x this for one masked query row with grouped KV heads. Query heads sharing a KV head
+    are one matmul's rows (keys and values read once per KV head); fp32 scores, as eager HF."""
     b, h, _, d = q.shape
     kv_heads = keys.shape[1]
     grouped = q.view(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head i uses KV head i // G
@@ -261,10 +257,8 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        # A module: quant.apply may swap in a QuantizedEmbedding.
-        self.tok_embeddings: nn.Module = nn.Embedding(args.vocab_size, args.dim)
-        # ModuleList types its items as Module; these are all Blocks.
-        self.layers = cast("Sequence[Block]", nn.ModuleList(Block(args) for _ in range(args.n_layers)))
+        self.tok_embeddings: nn.Module = nn.Embedding(args.vocab_size, args.dim)  # quant.apply may swap it
+        self.layers = cast("Sequence[Block]", nn.ModuleList(Block(args) for _ in range(args.n_layers)))  # all Blocks
         self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.output = Linear(args.dim, args.vocab_size, bias=False)
         self.max_seq = 0
@@ -316,8 +310,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         for layer in self.layers:
-            assert layer.attention.kv_cache is not None, "setup_cache first"
-            layer.attention.kv_cache.copy_prefix(src, dst, length)
+            cast(KVCache, layer.attention.kv_cache).copy_prefix(src, dst, length)
 
     def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
         """A chunk of each prompt, from any position (chunked prefill, a cached prefix). tokens:

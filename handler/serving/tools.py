@@ -126,7 +126,15 @@ def _choice(choice: Any, names: set[str]) -> str:
 
 
 def _call_schema(f: Function) -> dict:
-    return _object({"name": {"const": f.name}, "arguments": f.parameters})
+    return _object({"name": {"const": f.name}, "arguments": _declared_only(f.parameters)})
+
+
+def _declared_only(parameters: dict) -> dict:
+    """No argument the function does not declare, unless its schema allows them (as llama.cpp's
+    grammars read a schema): a small model otherwise invents arguments until max_tokens."""
+    if parameters.get("type") != "object" or "additionalProperties" in parameters:
+        return parameters
+    return parameters | {"additionalProperties": False}
 
 
 def _object(properties: dict) -> dict:

@@ -67,6 +67,14 @@ def test_a_named_function_allows_one_call_of_it():
     assert not _valid(schema, {"tool_calls": [{"name": "get_time", "arguments": {}}] * 2})
 
 
+def test_arguments_the_function_does_not_declare_are_refused_unless_its_schema_allows_them():
+    schema = spec(tool_choice="required").schema()
+    assert not _valid(schema, {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "maxLength": 4}}]})
+    open_tools = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "additionalProperties": True}}}], "tool_choice": "required"}
+    assert _valid(parse_tools(open_tools, "generic").schema(), {"tool_calls": [{"name": "f", "arguments": {"x": 1}}]})
+
+
 def test_no_parallel_calls_allows_one():
     schema = spec(tool_choice="required", parallel_tool_calls=False).schema()
     assert not _valid(schema, {"tool_calls": [{"name": "get_time", "arguments": {}}] * 2})
