@@ -3,12 +3,17 @@
     .venv/bin/python -m bench.agent_api
 
 - `tool_call_valid_fraction`: requests with `tool_choice: "required"` at temperature 1.0 through
-  the official `openai` client, 16 at a time; valid when the answer is tool calls whose arguments
-  parse and validate against the function's schema.
+  the official `openai` client, 16 at a time, each asking about one city (`parallel_tool_calls:
+  false`: one call is the answer); valid when the answer is tool calls whose arguments parse and
+  validate against the function's schema. `tool_call_valid_fraction_parallel`: the same with
+  parallel calls allowed, where a small model may go on adding calls until max_tokens cuts it.
 - `tools_throughput_ratio`: 16 clients, output tok/s of tool-constrained answers over the same
   prompts (the tools' system message written out) answered freely.
 - `penalties_throughput_ratio`: 16 clients, output tok/s with frequency and presence penalties on
   every request over none.
+
+The throughput runs go round by round (each round runs every variant once), and a ratio is the
+median of the rounds' ratios: on a noisy 2-core VM a single few-second run of each is not enough.
 
 Both ratios run every request to --output-tokens (ignore_eos; the tool's argument is a string too
 long to close within it), so they compare the cost of a token. Writes these keys (and the runs)
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +54,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--validity-requests", type=int, default=100)
-    p.add_argument("--requests", type=int, default=48, help="requests per throughput run")
+    p.add_argument("--requests", type=int, default=64, help="requests per throughput run")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16)
     return p.parse_args()
@@ -67,18 +74,26 @@ def throughput_runs(url: str, headers: dict, system: str, args) -> dict[str, dic
         "plain": [chat(m, args) for m in asks],
         "penalties": [chat(m, args, frequency_penalty=0.5, presence_penalty=0.5) for m in asks],
     }
-    runs = {}
-    for name, bodies in variants.items():
+    for bodies in variants.values():
         run_load(url, headers, bodies[:2], 1, stream=True)  # warm-up (the grammar's tables), not recorded
-        runs[name] = summarize(run_load(url, headers, bodies, args.clients, stream=True))
-        print(f"{name}: {runs[name]['output_tokens_per_s']:.1f} tok/s, errors {runs[name]['errors']}", flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        for name, bodies in variants.items():
+            runs[name].append(summarize(run_load(url, headers, bodies, args.clients, stream=True)))
+            print(f"round {round_} {name}: {runs[name][-1]['output_tokens_per_s']:.1f} tok/s, errors {runs[name][-1]['errors']}",
+                  flush=True)
     return runs
 
 
-def tool_validity(client: openai.OpenAI, args) -> dict:
+def paired_ratio(runs: dict[str, list[dict]], variant: str, base: str) -> float:
+    return statistics.median(a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(runs[variant], runs[base]))
+
+
+def tool_validity(client: openai.OpenAI, args, parallel: bool) -> dict:
     def one(i: int) -> tuple[bool, str]:
         r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                           tools=VALIDITY_TOOLS, tool_choice="required", temperature=1.0, max_tokens=64)
+                                           tools=VALIDITY_TOOLS, tool_choice="required", temperature=1.0,
+                                           max_tokens=128 if parallel else 64, parallel_tool_calls=parallel)
         choice = r.choices[0]
         if choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
             return False, f"finish_reason {choice.finish_reason}: {choice.message.content!r}"
@@ -108,15 +123,17 @@ def main() -> None:
             url = f"{ts.inference_url}/predictions/llm/1.0/v1/chat/completions"
             runs = throughput_runs(url, ts.headers(), system, args)
             client = openai.OpenAI(base_url=url.removesuffix("/chat/completions"), api_key=ts.token(), max_retries=0)
-            validity = tool_validity(client, args)
-    print(f"tool calls valid: {validity['valid']}/{validity['requests']}", flush=True)
+            validity = {parallel: tool_validity(client, args, parallel) for parallel in (False, True)}
+    for parallel, v in validity.items():
+        print(f"tool calls valid (parallel {parallel}): {v['valid']}/{v['requests']}", flush=True)
     result = json.loads((RESULTS / "serve.json").read_text())
     result |= {
-        "agent_api": {"versions": versions(), "clients": args.clients, "output_tokens": args.output_tokens, "runs": runs,
-                      "tool_validity": validity},
-        "tool_call_valid_fraction": validity["valid"] / validity["requests"],
-        "tools_throughput_ratio": runs["tools"]["output_tokens_per_s"] / runs["free"]["output_tokens_per_s"],
-        "penalties_throughput_ratio": runs["penalties"]["output_tokens_per_s"] / runs["plain"]["output_tokens_per_s"],
+        "agent_api": {"versions": versions(), "clients": args.clients, "output_tokens": args.output_tokens, "rounds": runs,
+                      "tool_validity": validity[False], "tool_validity_parallel": validity[True]},
+        "tool_call_valid_fraction": validity[False]["valid"] / validity[False]["requests"],
+        "tool_call_valid_fraction_parallel": validity[True]["valid"] / validity[True]["requests"],
+        "tools_throughput_ratio": paired_ratio(runs, "tools", "free"),
+        "penalties_throughput_ratio": paired_ratio(runs, "penalties", "plain"),
     }
     write_json("serve.json", result)
     write_section("agent_api", markdown(result, " ".join(sys.argv[1:])))
@@ -124,27 +141,39 @@ def main() -> None:
 
 def markdown(r: dict, argv: str) -> str:
     a = r["agent_api"]
-    rows = "\n".join(f"| {name} | {run['output_tokens_per_s']:.1f} | {run['ttft_p50_s']:.3f} | "
-                     f"{(run['itl_p50_s'] or 0) * 1000:.1f} / {(run['itl_p99_s'] or 0) * 1000:.1f} | {run['errors']} |"
-                     for name, run in a["runs"].items())
-    v = a["tool_validity"]
+    rows = "\n".join(f"| {name} | {' / '.join(_tps(run) for run in rounds)} | "
+                     f"{rounds[-1]['ttft_p50_s']:.3f} | {_ms(rounds[-1]['itl_p50_s'])} / {_ms(rounds[-1]['itl_p99_s'])} | "
+                     f"{sum(run['errors'] for run in rounds)} |" for name, rounds in a["rounds"].items())
+    v, vp = a["tool_validity"], a["tool_validity_parallel"]
     command = f".venv/bin/python -m bench.agent_api {argv}".strip()
     return f"""## Agent API (tools, penalties)
 
 `{command}` on {a['versions']['machine']} (CPU profile {a['versions']['cpu_profile']}), {a['clients']} clients,
 {a['output_tokens']} output tokens per request (chat route, streamed).
 
-| run | output tok/s | TTFT p50 (s) | gap p50 / p99 (ms) | errors |
+| run | output tok/s, round by round | TTFT p50 (s, last round) | gap p50 / p99 (ms, last round) | errors |
 |---|---|---|---|---|
 {rows}
 
-- `tool_choice: "required"` at temperature 1.0: **{v['valid']}/{v['requests']}** answers were tool calls with
-  arguments valid for the schema (`tool_call_valid_fraction` = {r['tool_call_valid_fraction']:.2f}).
+- `tool_choice: "required"` at temperature 1.0, one call asked (`parallel_tool_calls: false`):
+  **{v['valid']}/{v['requests']}** answers were tool calls with arguments valid for the schema
+  (`tool_call_valid_fraction` = {r['tool_call_valid_fraction']:.2f}); with parallel calls allowed and 128 tokens,
+  {vp['valid']}/{vp['requests']} (`tool_call_valid_fraction_parallel`: the rest were cut by max_tokens while the
+  model went on adding calls).
 - `tools_throughput_ratio` = **{r['tools_throughput_ratio']:.2f}** (tools vs free, same prompt tokens);
-  `penalties_throughput_ratio` = **{r['penalties_throughput_ratio']:.2f}** (penalties vs plain).
-- Tool-call answers stream their call whole at the end (`delta.tool_calls`), so the tools run has no content
-  chunks to time: its TTFT and gaps are empty.
+  `penalties_throughput_ratio` = **{r['penalties_throughput_ratio']:.2f}** (penalties vs plain); each the median of
+  the rounds' ratios.
+- A tool answer goes out whole at its end (here cut by max_tokens: as `content`), so the tools run's TTFT is its
+  end-to-end time and it has no gaps.
 """
+
+
+def _tps(run: dict) -> str:
+    return f"{run['output_tokens_per_s']:.0f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
 if __name__ == "__main__":

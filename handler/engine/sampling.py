@@ -115,9 +115,11 @@ class LogitControls:
         self._prompt_ids = prompt_ids
         self._end_ids = sorted(end_ids | set(params.stop_token_ids))  # held back until min_tokens
         self._generated = 0
-        self._bias: Tensor | None = None  # [V] float32, logit_bias
-        self._counts: Tensor | None = None  # [V] float32, each token's count in the output
-        self._seen: Tensor | None = None  # [V] bool, tokens of the prompt or the output
+        self._in_output: set[int] = set()
+        # [V] float32: logit_bias minus the frequency and presence penalties so far, kept up to
+        # date as tokens are accepted, so that applying them is one add per step.
+        self._offset: Tensor | None = None
+        self._seen: Tensor | None = None  # [V] bool, tokens of the prompt or the output (repetition)
 
     @classmethod
     def for_params(cls, params: SamplingParams, prompt_ids: list[int], end_ids: frozenset[int]) -> LogitControls | None:
@@ -125,32 +127,31 @@ class LogitControls:
 
     def apply(self, logits: Tensor) -> None:
         """logits: [V] float32, in place."""
-        if self._counts is None:
-            self._allocate(logits.shape[-1], logits.device)
-        assert self._bias is not None and self._counts is not None and self._seen is not None
         p = self.params
-        if p.logit_bias:
-            logits += self._bias
+        if self._offset is None:
+            self._allocate(logits.shape[-1], logits.device)
+        assert self._offset is not None
         if self._generated < p.min_tokens:
             logits[self._end_ids] = float("-inf")
-        if p.repetition_penalty != 1.0:
+        if self._seen is not None:  # before the offset: repetition scales the model's own logits
             penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
             logits.copy_(torch.where(self._seen, penalized, logits))
-        if p.frequency_penalty:
-            logits -= p.frequency_penalty * self._counts
-        if p.presence_penalty:
-            logits -= p.presence_penalty * (self._counts > 0).float()
+        logits.add_(self._offset)
 
     def accept(self, token: int) -> None:
         self._generated += 1
-        if self._counts is not None and self._seen is not None:
-            self._counts[token] += 1
+        if self._offset is None:
+            return
+        p = self.params
+        self._offset[token] -= p.frequency_penalty + (p.presence_penalty if token not in self._in_output else 0.0)
+        self._in_output.add(token)
+        if self._seen is not None:
             self._seen[token] = True
 
     def _allocate(self, vocab: int, device: torch.device) -> None:
-        self._bias = torch.zeros(vocab, device=device)
+        self._offset = torch.zeros(vocab, device=device)
         for token, bias in self.params.logit_bias:
-            self._bias[token] = bias
-        self._counts = torch.zeros(vocab, device=device)
-        self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self._seen[torch.tensor(self._prompt_ids, device=device)] = True
+            self._offset[token] = bias
+        if self.params.repetition_penalty != 1.0:
+            self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self._seen[torch.tensor(self._prompt_ids, device=device)] = True
