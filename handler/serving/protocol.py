@@ -116,7 +116,7 @@ def decode_body(body: Any) -> dict:
 
 
 def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
-                  encode_chat: Callable[[list[dict]], list[int]], limits: Limits) -> GenerationRequest:
+                  encode_chat: Callable[[list[dict], list[dict] | None], list[int]], limits: Limits) -> GenerationRequest:
     api = api_for_path(url_path)
     data = decode_body(body)
     unknown = sorted(set(data) - FIELDS[api])
@@ -129,7 +129,7 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         tools = parse_tools(data, limits.tool_format) if api == "chat" else None
     except ToolsError as err:
         raise RequestError(str(err)) from err
-    prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools)
+    prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools, limits.tool_format)
     params = _sampling(api, data, limits)
     if tools is not None and tools.constrained:
         if params.json_schema is not None:
@@ -164,12 +164,12 @@ def _n(data: dict, limits: Limits) -> int:
     return n
 
 
-def _prompt_ids(api: str, data: dict, encode, encode_chat, tools: ToolSpec | None) -> list[int]:
+def _prompt_ids(api: str, data: dict, encode, encode_chat, tools: ToolSpec | None, tool_format: str) -> list[int]:
     has_prompt, has_messages = "prompt" in data, "messages" in data
     if api == "native" and has_prompt == has_messages:
         raise RequestError("send exactly one of `prompt` (a string) or `messages` (a chat)")
     if api == "chat" or (api == "native" and has_messages):
-        return _chat_ids(data.get("messages"), encode_chat, tools)
+        return _chat_ids(data.get("messages"), encode_chat, tools, tool_format)
     prompt = data.get("prompt")
     if api == "completions" and isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]  # OpenAI clients may wrap a single prompt in a list
@@ -180,13 +180,13 @@ def _prompt_ids(api: str, data: dict, encode, encode_chat, tools: ToolSpec | Non
     return encode(prompt)
 
 
-def _chat_ids(messages: Any, encode_chat, tools: ToolSpec | None) -> list[int]:
+def _chat_ids(messages: Any, encode_chat, tools: ToolSpec | None, tool_format: str) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("`messages` must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
     clean = [_message(m, i) for i, m in enumerate(messages)]
     if not any(m["content"].strip() or m.get("tool_calls") for m in clean):
         raise RequestError("every message in `messages` is empty; send some text")
-    if tools is not None and tools.format == "generic":
+    if tool_format == "generic":  # earlier calls and results too, with tool_choice "none" or no tools
         clean = generic_messages(clean, tools)
     try:
         return encode_chat(clean, tools.template_tools() if tools is not None else None)

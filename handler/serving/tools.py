@@ -170,28 +170,34 @@ def _template_call(call: Any, i: int) -> dict:
     return {"id": call.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
 
 
-def generic_messages(messages: list[dict], spec: ToolSpec) -> list[dict]:
-    """Messages for a template that knows no tools: the tools and the reply format in the system
-    message; calls and results as the JSON the model is asked to write and to read."""
+def generic_messages(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
+    """Messages for a template that knows no tools: the tools (when offered) and the reply format
+    in the system message; calls and results as the JSON the model is asked to write and to read."""
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] == "tool" and out and out[-1].get("results"):
+            out[-1]["content"] += "\n" + _generic(m)["content"]  # one answer's results: one user turn
+        else:
+            out.append(_generic(m))
+    out = [{k: v for k, v in m.items() if k != "results"} for m in out]
+    if spec is None:
+        return out
     listing = json.dumps([{"name": f.name, "description": f.description, "parameters": f.parameters}
                           for f in spec.functions], ensure_ascii=False, separators=(",", ":"))
     guide = (f"Tools: {listing}\nTo call tools, reply only with "
              '{"tool_calls":[{"name":...,"arguments":{...}}]}; otherwise reply only with {"response":"..."}.')
-    out: list[dict] = []
-    for m in messages:
-        if m["role"] == "tool":
-            result = json.dumps({"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m["content"]}},
-                                ensure_ascii=False)
-            if out and out[-1]["role"] == "user" and out[-1].get("tool_results"):
-                out[-1]["content"] += "\n" + result  # results of one answer's calls: one user turn
-            else:
-                out.append({"role": "user", "content": result, "tool_results": True})
-        elif m.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
-        else:
-            out.append(dict(m))
-    out = [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
     if out and out[0]["role"] == "system":
         return [{"role": "system", "content": out[0]["content"] + "\n\n" + guide}, *out[1:]]
     return [{"role": "system", "content": guide}, *out]
+
+
+def _generic(m: dict) -> dict:
+    if m["role"] == "tool":
+        result = {"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m["content"]}}
+        # a user turn: templates such as Gemma 3's require user and assistant turns to alternate
+        return {"role": "user", "content": json.dumps(result, ensure_ascii=False), "results": True}
+    if m.get("tool_calls"):
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+        return {"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)}
+    return m
+

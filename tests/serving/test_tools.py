@@ -102,6 +102,15 @@ def test_a_call_in_the_history_has_its_arguments_as_an_object():
         template_message(m | {"tool_calls": [{"function": {"name": "x", "arguments": "{"}}]}, 1)
 
 
+def test_generic_history_without_tools_offered_keeps_calls_and_results_readable():
+    call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": {}}}
+    messages = [{"role": "user", "content": "Time?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "12:00", "tool_call_id": "c1"}]
+    out = generic_messages(messages, None)
+    assert [m["role"] for m in out] == ["user", "assistant", "user"] and "tool_response" in out[2]["content"]
+    assert generic_messages(messages[:1], None) == messages[:1]
+
+
 def test_generic_messages_put_the_tools_in_the_system_message_and_results_in_one_user_turn():
     call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": {}}}
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Time?"},
