@@ -69,7 +69,7 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
 
 def _settings(args: argparse.Namespace, emulator: MetadataEmulator, flag: Path) -> dict[str, object]:
     return {"clouds": "aws", "aws_metadata_url": emulator.url, "poll_interval_s": 2.0,
-            "signal_grace_s": args.deadline_s, "drain_margin_s": 3, "publish_reserve_s": 0,
+            "signal_grace_s": args.deadline_s, "drain_margin_s": 3,
             "stop_reserve_s": 5, "quiet_s": 1.0, "quiet_polls": 2, "drain_flag_file": str(flag),
             "key_file": None}
 

@@ -154,7 +154,7 @@ def spot_settings(args: argparse.Namespace, emulator: MetadataEmulator, moto: Mo
                   work: Path) -> dict[str, object]:
     return {"clouds": "aws", "aws_metadata_url": emulator.url,
             "poll_interval_s": 2.0,  # what aws-node-termination-handler polls at
-            "drain_margin_s": 3, "publish_reserve_s": 3, "stop_reserve_s": 5, "quiet_s": 1.0,
+            "drain_margin_s": 3, "stop_reserve_s": 5, "quiet_s": 1.0,
             "quiet_polls": 2, "signal_grace_s": args.deadline_s, "drain_flag_file": str(flag),
             "cache_store": f"s3://{BUCKET}/{PREFIX}", "cache_dir": str(work / "compile-cache"),
             "aws_endpoint_url": moto.endpoint_url, "aws_region": "us-east-1",
@@ -188,7 +188,7 @@ def kill_phase(args: argparse.Namespace, work: Path, store: Path, flag: Path) ->
 
     def settings(emulator: MetadataEmulator) -> dict[str, object]:
         return {"clouds": "aws", "aws_metadata_url": emulator.url, "poll_interval_s": 2.0,
-                "signal_grace_s": 30, "drain_margin_s": 3, "publish_reserve_s": 0,
+                "signal_grace_s": 30, "drain_margin_s": 3,
                 "stop_reserve_s": 6, "drain_flag_file": str(flag)}
 
     with replica_with_sidecar(work, store, settings) as (ts, sidecar, _):

@@ -34,6 +34,9 @@ class LocalStore(BlobStore):
     def _put_bytes(self, name: str, data: bytes) -> bool:
         return self._put(name, lambda f: f.write(data))
 
+    def _overwrite_bytes(self, name: str, data: bytes) -> None:
+        self._put(name, lambda f: f.write(data), exclusive=False)
+
     def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
         # Compare and swap under a lock beside the file: the local twin of S3's If-Match.
         path = self.root / name

@@ -111,6 +111,10 @@ class S3Store(BlobStore):
                 raise
         return True
 
+    def _overwrite_bytes(self, name: str, data: bytes) -> None:
+        with self._errors(name):
+            self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+
     def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
         with self._errors(name):
             try:

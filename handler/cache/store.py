@@ -68,6 +68,8 @@ class ArtifactStore(Protocol):
     def describe(self) -> str: ...
     def rejected_version(self, key: CacheKey) -> str | None:
         """The version of the stored manifest a fetch of `key` rejected here, if one did."""
+    def read_record(self, name: str) -> bytes | None: ...
+    def write_record(self, name: str, data: bytes) -> None: ...
 
 
 def manifest_name(digest: str) -> str:
@@ -102,6 +104,10 @@ class BlobStore(ABC):
         """Store data under name unless name exists; False when it already did."""
 
     @abstractmethod
+    def _overwrite_bytes(self, name: str, data: bytes) -> None:
+        """Store data under name, whatever is there."""
+
+    @abstractmethod
     def _replace_bytes(self, name: str, data: bytes, version: str) -> bool:
         """Store data under name only if name holds `version` now; False when it does not."""
 
@@ -128,6 +134,21 @@ class BlobStore(ABC):
 
     def rejected_version(self, key: CacheKey) -> str | None:
         return self._rejected.get(key.digest())
+
+    # A small record beside the artifacts (the fleet's stop times): data, never code, and
+    # overwritten by whoever measured last. `name` must not start with a key digest.
+
+    def read_record(self, name: str) -> bytes | None:
+        """The record's bytes; None when there is none."""
+        self._preflight()
+        try:
+            return self._get_bytes(name)[0]
+        except ArtifactNotFound:
+            return None
+
+    def write_record(self, name: str, data: bytes) -> None:
+        self._preflight()
+        self._overwrite_bytes(name, data)
 
     def publish(self, key: CacheKey, src_dir: Path, replace: str | None = None) -> PublishResult:
         """`replace`: the version of a stored manifest this process rejected (rejected_version,

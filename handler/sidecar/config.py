@@ -68,11 +68,10 @@ class SidecarConfig:
     drain_on_rebalance: bool = _f(False, "treat an AWS rebalance recommendation as a notice")
     # Drain
     drain_margin_s: float = _f(1.0, "finish the drain this long before the deadline")
-    publish_reserve_s: float = _f(15.0, "time kept for the cache publisher")
     stop_reserve_s: float = _f(10.0, "time kept for stopping TorchServe until a stop was measured "
-                                     "here (stop_record_file)")
-    min_wait_s: float = _f(5.0, "the in-flight wait keeps at least this long; a short notice "
-                                "shrinks the publish reserve first")
+                                     "here (stop_record_file) or by the fleet (beside the cache)")
+    min_wait_s: float = _f(5.0, "warn at start about a notice that leaves the in-flight wait "
+                                "less than this")
     quiet_s: float = _f(1.0, "in-flight must read 0 this long before the wait ends")
     quiet_polls: int = _f(2, "...and on this many polls in a row (backend metrics lag)")
     drain_flag_file: str | None = _f(None, "created when the drain starts; the handler's "
@@ -117,7 +116,7 @@ class SidecarConfig:
     webhook_url: str | None = _f(None, "POST the notice here as JSON on notice")
 
     def __post_init__(self) -> None:
-        for name in ("drain_margin_s", "publish_reserve_s", "stop_reserve_s", "min_wait_s",
+        for name in ("drain_margin_s", "stop_reserve_s", "min_wait_s",
                      "quiet_s", "signal_grace_s", "http_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -149,13 +148,23 @@ class SidecarConfig:
 
     def drain_policy(self) -> DrainPolicy:
         return DrainPolicy(margin_s=self.drain_margin_s,
-                           publish_reserve_s=self.publish_reserve_s,
                            stop_reserve_s=self.stop_reserve_s, min_wait_s=self.min_wait_s,
                            quiet_s=self.quiet_s,
                            quiet_polls=self.quiet_polls)
 
 
+# Keys that were settings once: named with what replaced them, not merely "unknown".
+RETIRED = {
+    "publish_reserve_s": "the cache publish now runs beside the in-flight wait, from the drain's "
+                         "start, bounded by the stop reserve: nothing is reserved for it, so the key "
+                         "is gone; remove it (docs/configuration.md#drain)",
+}
+
+
 def config_from_mapping(values: Mapping[str, object], origin: str = "config") -> SidecarConfig:
+    retired = sorted(set(values) & set(RETIRED))
+    if retired:
+        raise ConfigError(f"{origin}: {retired[0]} was retired: {RETIRED[retired[0]]}")
     # strings=True: the YAML file may quote numbers and booleans as the flags spell them.
     return typed_config.parse(SidecarConfig, values, origin, strings=True)
 
@@ -175,7 +184,12 @@ def load_config(path: Path | None = None,
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file with SidecarConfig keys")
     typed_config.add_arguments(parser, SidecarConfig)
+    for name in RETIRED:  # accepted only to say what replaced it
+        parser.add_argument("--" + name.replace("_", "-"), dest=f"retired_{name}",
+                            default=None, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace) -> SidecarConfig:
-    return load_config(args.config, typed_config.flag_values(args, SidecarConfig))
+    retired = {name: value for name in RETIRED
+               if (value := getattr(args, f"retired_{name}", None)) is not None}
+    return load_config(args.config, {**typed_config.flag_values(args, SidecarConfig), **retired})

@@ -389,6 +389,19 @@ def test_torchserve_runs_behind_the_entrypoint(pod, contract, helpers) -> None:
     ]
 
 
+def test_the_entrypoint_records_its_stop_where_the_sidecar_reads_it(pod, contract, helpers) -> None:
+    """In a pod the entrypoint stops TorchServe, not the sidecar: its measured stop must reach
+    the sidecar's record (stop-seconds.json beside cache_dir), which the sidecar shares with
+    the fleet, or every replica's drain keeps the 10 s default stop reserve."""
+    from pathlib import PurePosixPath
+
+    from handler.sidecar.drain.stop_record import NAME
+
+    flags = entrypoint_flags(helpers.serving_container(pod)["command"])
+    assert flags["--stop-record-file"] == str(PurePosixPath(contract.cache_dir).parent / NAME)
+    assert str(PurePosixPath(flags["--stop-record-file"]).parent) == contract.cache_volume
+
+
 def test_entrypoint_leaves_the_sidecar_port_alone(pod, contract, helpers) -> None:
     """The entrypoint embeds a sidecar with its own HTTP server; on the native sidecar's port
     it would fail to bind (same network namespace) and crash-loop TorchServe."""

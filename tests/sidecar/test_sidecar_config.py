@@ -119,3 +119,13 @@ def test_min_wait_reaches_the_drain_policy() -> None:
     assert parse_flags(["--min-wait-s", "0"]).drain_policy().min_wait_s == 0.0
     with pytest.raises(ConfigError, match="min_wait_s must be >= 0"):
         config_from_mapping({"min_wait_s": -1})
+
+
+def test_the_retired_publish_reserve_says_what_replaced_it() -> None:
+    """The publish runs beside the in-flight wait now: a config that still reserves time for
+    it fails with the reason, not as a mere unknown key."""
+    with pytest.raises(ConfigError, match="publish_reserve_s was retired: the cache publish now runs beside"):
+        config_from_mapping({"publish_reserve_s": 15})
+    with pytest.raises(ConfigError, match="publish_reserve_s was retired"):
+        parse_flags(["--publish-reserve-s", "0"])
+    assert not hasattr(SidecarConfig(), "publish_reserve_s")

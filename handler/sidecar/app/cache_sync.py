@@ -288,6 +288,10 @@ class Publisher:
         self._store = open_store(store_uri, endpoint_url, region, metrics, signing)
         self._lock = threading.Lock()
 
+    @property
+    def store(self) -> ArtifactStore:
+        return self._store
+
     def __call__(self, publish_by: float) -> bool:
         # publish_if_new takes no deadline; the drain abandons it at publish_by instead.
         with self._lock:

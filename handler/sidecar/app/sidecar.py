@@ -26,9 +26,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from handler.cache import CacheMetrics
-from handler.cache.sync import PublishOutcome
-from handler.sidecar.app import cache_sync, wiring
+from handler.cache import ArtifactStore, CacheMetrics
+from handler.sidecar.app import cache_sync, fleet_stop, wiring
 from handler.sidecar.config import SidecarConfig, StopMethod
 from handler.sidecar.drain import admission
 from handler.sidecar.drain.control import DrainControl
@@ -50,6 +49,13 @@ from handler.torchserve.client import TorchServeClient
 from handler.torchserve.errors import TorchServeError
 
 log = logging.getLogger(__name__)
+
+# Bounds on the fleet stop record's store calls (one small object): reading it at start, and
+# writing it after a drain (until the drain's deadline, at least MIN_SHARE_S), or when the pod's
+# SIGTERM ends the linger (the pod's grace has what TorchServe's container left of it).
+SEED_TIMEOUT_S = 10.0
+MIN_SHARE_S, MAX_SHARE_S = 0.5, 5.0
+SHARE_AFTER_LINGER_S = 3.0
 
 @dataclass(frozen=True)
 class Hooks:
@@ -78,7 +84,6 @@ class Sidecar:
         self.watchers = wiring.build_watchers(config, clock)
         self._stop = threading.Event()
         self._signalled = threading.Event()
-        self._in_store = threading.Event()  # the publish after start found the artifact in the store or put it there
         self._threads: list[threading.Thread] = []
         self._running = False
         self._deregister: Callable[[], None] | None = None
@@ -89,6 +94,11 @@ class Sidecar:
         self._publisher = (hooks.publish_cache
                            or wiring.config_publisher(config, self.cache_metrics))
         self._in_flight = hooks.in_flight or wiring.config_running(config)
+        # The fleet's stop record beside the cache: read by any replica with a store, written
+        # only by one that may publish to it.
+        self._fleet_store = wiring.fleet_store(config, self._publisher)
+        self._stop_record = wiring.stop_record_path(config)
+        self._stops_seen: list[float] = []  # the local record after start (and the fleet's seed)
         self._close_admission = hooks.close_admission or wiring.config_closer(config, clock)
         self.control = DrainControl(self.board, clock, config.signal_grace_s)
         self.registry.register(LoadCollector(config.model_name, self.torchserve, self._in_flight))
@@ -114,6 +124,10 @@ class Sidecar:
             self._autoscaling = wiring.aws_client(self.config, "autoscaling")
         if not self.config.restore_at_start:  # else the entrypoint exports it when it ends
             self.export_restore()
+        if self._stop_record is not None:
+            self._stops_seen = read_stop_seconds(self._stop_record)
+            if self._fleet_store is not None and not self._stops_seen:
+                self._spawn("fleet-stop-seed", self._seed_stop_record, self._fleet_store, self._stop_record)
         for warning in self.budget_warnings():
             log.warning("%s", warning)
         self._running = True
@@ -139,8 +153,11 @@ class Sidecar:
             notice = self.board.wait(timeout_s=0.2)
             if notice is not None:
                 report = self._drain(notice)
+                share_by = report.plan.deadline_epoch
                 if self._lingers(notice):
                     self._linger(until)
+                    share_by = self._clock() + SHARE_AFTER_LINGER_S
+                self._share_stop_record(share_by)
                 return report
         return None
 
@@ -191,25 +208,20 @@ class Sidecar:
             metrics=self.metrics)
 
     def drain_policy(self) -> DrainPolicy:
-        """The configured policy, with the stop reserve from the stops measured here (if any);
-        once the artifact is known to be in the store, the drain's publish only confirms it
-        (~0.1 s), so its reserve goes to the in-flight wait instead."""
+        """The configured policy, with the stop reserve from the stops measured here or, copied
+        at start, by the fleet (if any)."""
         policy = self.config.drain_policy()
-        record = wiring.stop_record_path(self.config)
+        record = self._stop_record
         if record is not None and (measured := read_stop_seconds(record)):
             reserve = stop_reserve(measured, policy.stop_reserve_s)
             log.info("drain: stop reserve %.1f s from %d measured stop(s), the slowest %.2f s (%s)",
                      reserve, len(measured), max(measured), record)
             policy = dataclasses.replace(policy, stop_reserve_s=reserve)
-        if self._in_store.is_set() and policy.publish_reserve_s:
-            log.info("drain: the compile artifact is already in the store; the publish reserve "
-                     "(%g s) goes to in-flight requests", policy.publish_reserve_s)
-            return dataclasses.replace(policy, publish_reserve_s=0.0)
         return policy
 
     def _record_stop(self, report: DrainReport) -> None:
         """A clean stop of TorchServe done by this drain is a measurement for the next one."""
-        record, stop = wiring.stop_record_path(self.config), report.step("stop")
+        record, stop = self._stop_record, report.step("stop")
         if record is None or stop is None or not stop.ok or stop.ended_epoch is None or not self._stops_torchserve:
             return
         try:
@@ -220,12 +232,29 @@ class Sidecar:
     def budget_warnings(self) -> list[str]:
         """One line per notice this sidecar can get whose drain would leave the in-flight wait
         less than min_wait_s with every reserve in full (see drain/plan.py budget_warning)."""
-        policy, publish = self.config.drain_policy(), self._publisher is not None
-        found = (budget_warning(notice_s, source, setting, policy, publish)
+        policy = self.config.drain_policy()
+        found = (budget_warning(notice_s, source, setting, policy)
                  for notice_s, source, setting in wiring.notice_lengths(self.config))
         return [line for line in found if line is not None]
 
     # ---- pieces
+
+    def _seed_stop_record(self, store: ArtifactStore, record: Path) -> None:
+        seeded = fleet_stop.seed(store, record, SEED_TIMEOUT_S)
+        if seeded:
+            self._stops_seen = seeded
+
+    def _share_stop_record(self, share_by: float) -> None:
+        """A stop measured here (by this drain, or by the entrypoint in TorchServe's container,
+        on the record both share) goes to the fleet, bounded by share_by."""
+        if self._fleet_store is None or self._stop_record is None or not self._may_share:
+            return
+        timeout_s = max(share_by - self._clock(), MIN_SHARE_S)
+        fleet_stop.share(self._fleet_store, self._stop_record, self._stops_seen, min(timeout_s, MAX_SHARE_S))
+
+    @property
+    def _may_share(self) -> bool:
+        return isinstance(self._publisher, cache_sync.Publisher)
 
     def export_restore(self) -> None:
         """The restore ran in another process (an init container) or thread (the entrypoint's
@@ -253,8 +282,6 @@ class Sidecar:
             if ready:
                 outcome = publisher.publish_after_start()
                 self.metrics.publishes_after_start.labels(outcome=outcome).inc()
-                if outcome in (PublishOutcome.PUBLISHED, PublishOutcome.REPLACED, PublishOutcome.ALREADY_PRESENT):
-                    self._in_store.set()
                 return
             self._stop.wait(self.config.poll_interval_s)
 

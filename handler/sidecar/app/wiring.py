@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from handler.cache import CacheMetrics
+from handler.cache import ArtifactStore, CacheMetrics
+from handler.cache.errors import SigningKeyError
+from handler.cache.signing import Signing
 from handler.sidecar.app import cache_sync
 from handler.sidecar.app.signing_keys import load_signing, may_publish
 from handler.sidecar.config import Cloud, SidecarConfig, StopMethod
@@ -84,6 +86,21 @@ def config_publisher(config: SidecarConfig,
         return None
     return cache_sync.Publisher(config.cache_store, key_path, Path(config.cache_dir),
                                 config.aws_endpoint_url, config.aws_region, metrics, signing)
+
+
+def fleet_store(config: SidecarConfig, publisher: object) -> ArtifactStore | None:
+    """Where the fleet's stop record is kept: the publisher's store, else (a pod that may not
+    publish, or a hooked publisher) the configured one; None without a cache store."""
+    if isinstance(publisher, cache_sync.Publisher):
+        return publisher.store
+    if not config.cache_store:
+        return None
+    try:  # the keys were read (and warned about) once already, by config_publisher
+        signing = Signing.from_files(config.cache_signing_key, config.cache_public_key)
+    except SigningKeyError as err:
+        raise ConfigError(str(err)) from err
+    return cache_sync.open_store(config.cache_store, config.aws_endpoint_url, config.aws_region,
+                                 signing=signing)
 
 
 def config_running(config: SidecarConfig) -> Callable[[], int] | None:

@@ -9,7 +9,8 @@
                      deregister        capacity.py: ELBv2 deregister_targets
                      request_capacity  capacity.py: ASG desired+1, or the webhook
                      wait_in_flight    in_flight.py: until nothing is in flight, or the budget ends
-                     publish           publish.py: the compile cache, bounded by publish_by
+                     publish           publish.py: waits for the cache publish started with the
+                                       drain (beside the wait), at most until publish_by
                      stop              TorchServe stopped (process.py, or the entrypoint's child)
                      acknowledge       Azure: the event may start now (notice/azure.py)
     report.py      DrainReport, StepRecord: what the drain did, and its exit code

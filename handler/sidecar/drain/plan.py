@@ -2,16 +2,18 @@
 
 Timeline, all epochs (s):
 
-    started ... wait_until ... publish_by ... stop_by ... deadline
-        wait for in-flight |  publish   | stop TorchServe | margin
+    started ......................... wait_until = publish_by ... stop_by ... deadline
+        wait for in-flight requests                           | stop TorchServe | margin
+        cache publish (aside, from the start) ---------------|
 
 Replacement capacity is asked for before the wait, not after: a new instance takes minutes
 to boot, so asking late only widens the gap in serving capacity.
 
-When the notice is too short for every reserve, the publish reserve gives way first: publishing
-is optional, finishing requests is not. The wait keeps at least `min_wait_s` (while the publish
-reserve has any left to give), and publishing gets whatever the wait leaves before publish_by.
-The margin and the stop reserve never shrink.
+The cache publish runs beside the in-flight wait, started with the drain (publish.py): it takes
+no time from requests, and the publish step after the wait only waits for it until publish_by,
+so an upload that overruns cannot eat the stop reserve. The margin and the stop reserve never
+shrink; everything before them is the wait's. `min_wait_s` is only the threshold of the
+start-up warning (budget_warning) for a notice that leaves the wait less than that.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ class DrainPolicy:
     # signal's grace, IMDS/GCP/Azure event times, clocks NTP-synced), so a second covers the
     # report and the last acknowledgement; the stop reserve has its own slack.
     margin_s: float = 1.0
-    publish_reserve_s: float = 15.0  # kept free for the cache publisher, when there is one
     stop_reserve_s: float = 10.0  # kept free for TorchServe's shutdown hook
     poll_interval_s: float = 0.5
     # In-flight must read zero this long: requests keep arriving until load balancers and
@@ -39,8 +40,7 @@ class DrainPolicy:
     # ...and on this many reads in a row: the handler's running gauge reaches TorchServe's
     # metrics endpoint through the worker's log, a moment after the fact.
     quiet_polls: int = 2
-    # The in-flight wait keeps at least this long, taken from the publish reserve when the
-    # notice is too short for all reserves.
+    # A notice that leaves the in-flight wait less than this is warned about at start.
     min_wait_s: float = 5.0
     # stop gets at least this much even when the deadline has passed: above TorchServe's clean
     # shutdown (2.45-2.93 s in every graceful stop measured on 2 cores), else it is SIGKILLed (the
@@ -55,7 +55,7 @@ class DrainPolicy:
     listener_settle_s: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("margin_s", "publish_reserve_s", "stop_reserve_s", "quiet_s", "min_wait_s",
+        for name in ("margin_s", "stop_reserve_s", "quiet_s", "min_wait_s",
                      "min_stop_s", "cut_lead_s", "listener_settle_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"DrainPolicy.{name} must be >= 0, got {getattr(self, name)}")
@@ -84,17 +84,9 @@ class DrainPlan:
         return self.stop_by - self.policy.stop_reserve_s
 
     @property
-    def publish_reserve_s(self) -> float:
-        """The publish reserve this plan keeps: policy.publish_reserve_s, shrunk (down to 0)
-        so that the wait gets min_wait_s; 0 without a publish step."""
-        if "publish" not in self.steps:
-            return 0.0
-        room = self.publish_by - self.started_epoch - self.policy.min_wait_s
-        return max(0.0, min(self.policy.publish_reserve_s, room))
-
-    @property
     def wait_until(self) -> float:
-        return max(self.started_epoch, self.publish_by - self.publish_reserve_s)
+        """The publish runs beside the wait (module docstring): nothing is kept for it here."""
+        return max(self.started_epoch, self.publish_by)
 
     @property
     def budget_s(self) -> float:
@@ -112,7 +104,6 @@ class DrainPlan:
     def to_json(self) -> dict[str, object]:
         return {"started_epoch": self.started_epoch, "deadline_epoch": self.deadline_epoch,
                 "budget_s": self.budget_s, "wait_until": self.wait_until,
-                "publish_reserve_s": self.publish_reserve_s,
                 "publish_by": self.publish_by, "stop_by": self.stop_by,
                 "steps": list(self.steps), "policy": dataclasses.asdict(self.policy)}
 
@@ -127,27 +118,17 @@ def plan_drain(deadline_epoch: float, now: float, policy: DrainPolicy,
     return DrainPlan(now, deadline_epoch, policy, steps)
 
 
-def budget_warning(notice_s: float, source: str, setting: str | None, policy: DrainPolicy,
-                   publish: bool) -> str | None:
-    """A WARNING line when a notice of notice_s leaves the in-flight wait less than min_wait_s
-    with every reserve in full; None when it fits. `setting`: the key that sets notice_s
-    (signal_grace_s, gcp_notice_s, ...), None when the cloud fixes it."""
-    full = notice_s - policy.margin_s - policy.stop_reserve_s
-    full -= policy.publish_reserve_s if publish else 0.0
-    if full >= policy.min_wait_s:
+def budget_warning(notice_s: float, source: str, setting: str | None,
+                   policy: DrainPolicy) -> str | None:
+    """A WARNING line when a notice of notice_s leaves the in-flight wait less than min_wait_s;
+    None when it fits. `setting`: the key that sets notice_s (signal_grace_s, gcp_notice_s,
+    ...), None when the cloud fixes it. The cache publish takes nothing from the wait."""
+    wait = notice_s - policy.margin_s - policy.stop_reserve_s
+    if wait >= policy.min_wait_s:
         return None
-    plan = plan_drain(notice_s, 0.0, policy, frozenset({"publish"}) if publish else frozenset())
-    reserves = [f"drain_margin_s={policy.margin_s:g}", f"stop_reserve_s={policy.stop_reserve_s:g}"]
-    keys = ["drain_margin_s (--drain-margin-s)", "stop_reserve_s (--stop-reserve-s)"]
-    if publish:
-        reserves.append(f"publish_reserve_s={policy.publish_reserve_s:g}")
-        keys.append("publish_reserve_s (--publish-reserve-s)")
-    if plan.publish_reserve_s < policy.publish_reserve_s and publish:
-        then = (f"the drain shrinks the publish reserve to {plan.publish_reserve_s:g} s, so "
-                f"requests get {plan.wait_budget_s:g} s")
-    else:
-        then = f"requests get {plan.wait_budget_s:g} s"
+    reserves = f"drain_margin_s={policy.margin_s:g} + stop_reserve_s={policy.stop_reserve_s:g}"
     fix = f"raise {setting} (--{setting.replace('_', '-')}) or lower " if setting else "lower "
-    return (f"drain budget too small: a {notice_s:g} s {source} notice leaves {max(full, 0):g} s "
-            f"for in-flight requests after {' + '.join(reserves)} (< min_wait_s="
-            f"{policy.min_wait_s:g}); {then}. To change it, {fix}{', '.join(keys)}")
+    return (f"drain budget too small: a {notice_s:g} s {source} notice leaves {max(wait, 0):g} s "
+            f"for in-flight requests after {reserves} (< min_wait_s={policy.min_wait_s:g}). "
+            f"To change it, {fix}drain_margin_s (--drain-margin-s), stop_reserve_s "
+            "(--stop-reserve-s; a stop measured here or by the fleet replaces it)")

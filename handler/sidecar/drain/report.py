@@ -26,6 +26,7 @@ class DrainReport:
     in_flight_at_stop: int | None = None
     cut_in_flight: int | None = None  # running when the wait ran out and the handler cut them (each got a 503)
     published: bool | None = None  # None: no publisher configured
+    publish_seconds: float | None = None  # how long the publish (beside the wait) ran; None: unfinished
     listeners_closed: list[int] | None = None  # TorchServe's ports shut before its stop; None: not done
     stopped: bool = False
     errors: list[str] = field(default_factory=list)
@@ -57,6 +58,7 @@ class DrainReport:
                 "deadline_seconds": self.plan.deadline_epoch - self.plan.started_epoch,
                 "in_flight_at_notice": self.in_flight_at_notice,
                 "in_flight_at_stop": self.in_flight_at_stop, "cut_in_flight": self.cut_in_flight,
-                "published": self.published, "listeners_closed": self.listeners_closed,
+                "published": self.published, "publish_seconds": self.publish_seconds,
+                "listeners_closed": self.listeners_closed,
                 "stopped": self.stopped, "exit_code": self.exit_code, "errors": self.errors,
                 "steps": [vars(record) for record in self.steps]}

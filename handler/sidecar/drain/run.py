@@ -1,6 +1,7 @@
 """The drain executor: runs a DrainPlan's steps in order, bounded by the deadline.
 
-Every step is recorded in a DrainReport. A failing optional step (ELB, ASG, publish) is
+The cache publish starts with the drain and runs beside the steps (publish.py); the publish
+step only waits for it. Every step is recorded in a DrainReport. A failing optional step (ELB, ASG, publish) is
 recorded and the drain goes on: stopping TorchServe cleanly matters more than any of them.
 """
 
@@ -15,7 +16,7 @@ from handler.sidecar.drain.deps import DrainDeps
 from handler.sidecar.drain.in_flight import read_in_flight, tightest, wait_in_flight
 from handler.sidecar.drain.metrics import DrainMetrics
 from handler.sidecar.drain.plan import DEFAULT_POLICY, DrainPolicy, plan_drain
-from handler.sidecar.drain.publish import publish
+from handler.sidecar.drain.publish import publish, start_publish
 from handler.sidecar.drain.report import DrainReport, StepRecord
 from handler.sidecar.notice.termination import TerminationNotice
 
@@ -27,13 +28,15 @@ def run_drain(notice: TerminationNotice, deps: DrainDeps,
               policy: DrainPolicy = DEFAULT_POLICY) -> DrainReport:
     deadline = tightest(notice.deadline_epoch, deps)
     report = DrainReport(notice, plan_drain(deadline, deps.clock(), policy, deps.optional_steps()))
+    # Beside the wait, not after it: the upload takes no time from in-flight requests.
+    publishing = start_publish(report, deps)
     actions: dict[str, Callable[[], object] | None] = {
         "not_ready": partial(_not_ready, report, deps),
         "close_admission": deps.close_admission,
         "deregister": deps.deregister,
         "request_capacity": deps.request_capacity,
         "wait_in_flight": partial(wait_in_flight, report, deps),
-        "publish": partial(publish, report, deps),
+        "publish": partial(publish, report, deps, publishing),
         "close_listeners": partial(_close_listeners, report, deps),
         "stop": partial(_stop, report, deps),
         "acknowledge": partial(deps.acknowledge, notice) if deps.acknowledge else None,

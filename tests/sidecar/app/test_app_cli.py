@@ -26,7 +26,7 @@ def watch_flags(emulator: MetadataEmulator, management: FakeManagement, port: in
     return ["--aws-metadata-url", emulator.url, "--management-url", management.url,
             "--metrics-url", management.metrics_url, "--listen-host", "127.0.0.1",
             "--listen-port", str(port), "--poll-interval-s", "0.05", "--drain-margin-s", "1",
-            "--publish-reserve-s", "0", "--stop-reserve-s", "1", "--quiet-s", "0.1"]
+            "--stop-reserve-s", "1", "--quiet-s", "0.1"]
 
 
 def wait_for_done_then_sigterm(port: int, seen: list[dict[str, object]]) -> None:
@@ -66,7 +66,7 @@ def test_drain_subcommand_starts_the_drain_and_waits_for_it(
     config = config_from_mapping({
         "aws_metadata_url": emulator.url, "management_url": management.url,
         "metrics_url": management.metrics_url, "listen_host": "127.0.0.1", "listen_port": port,
-        "poll_interval_s": 0.05, "drain_margin_s": 1, "publish_reserve_s": 0,
+        "poll_interval_s": 0.05, "drain_margin_s": 1,
         "stop_reserve_s": 1, "quiet_s": 0.1, "stop_method": "none", "signal_grace_s": 20,
         "drain_flag_file": str(flag)})
     codes: list[int] = []

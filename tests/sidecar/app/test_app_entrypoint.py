@@ -40,7 +40,7 @@ def start(emulator: MetadataEmulator, management: FakeManagement,
              "--management-url", management.url, "--metrics-url", management.metrics_url,
              "--listen-host", "127.0.0.1",
              "--listen-port", "0", "--poll-interval-s", "0.05", "--drain-margin-s", "1",
-             "--publish-reserve-s", "0", "--stop-reserve-s", "2", "--quiet-s", "0.1"]
+             "--stop-reserve-s", "2", "--quiet-s", "0.1"]
     return subprocess.Popen(
         [sys.executable, "-m", "handler.sidecar.app.entrypoint", *flags, "--",
          sys.executable, "-c", child],

@@ -120,7 +120,7 @@ def sidecar_config(replica: Replica, emulator: MetadataEmulator):
         "key_file": str(ts.workdir / "key_file.json"), "metrics_url": ts.metrics_url + "/metrics",
         "clouds": "aws", "aws_metadata_url": emulator.url, "poll_interval_s": 0.1,
         "listen_host": "127.0.0.1", "listen_port": 0, "drain_flag_file": str(replica.flag),
-        "drain_margin_s": 2, "publish_reserve_s": 0, "stop_reserve_s": 15, "quiet_s": 0.5,
+        "drain_margin_s": 2, "stop_reserve_s": 15, "quiet_s": 0.5,
         "quiet_polls": 2, "stop_method": "pid", "torchserve_pid_file": str(replica.pid_file)})
 
 

@@ -19,7 +19,7 @@ from handler.sidecar.notice.termination import NoticeKind, TerminationNotice
 from handler.torchserve.client import ModelState, WorkerInfo
 from handler.torchserve.errors import TorchServeError
 
-POLICY = DrainPolicy(margin_s=5, publish_reserve_s=15, stop_reserve_s=10, poll_interval_s=0.5,
+POLICY = DrainPolicy(margin_s=5, stop_reserve_s=10, poll_interval_s=0.5,
                      quiet_s=1.0)
 
 
@@ -75,14 +75,17 @@ def deps(clock, calls: Calls, **overrides) -> DrainDeps:
 
 def test_steps_run_in_order(clock) -> None:
     calls = Calls(clock)
+    start = clock()
     report = run_drain(notice(clock() + 120), deps(
         clock, calls, close_admission=calls("close_admission"), deregister=calls("deregister"),
         request_capacity=calls("request_capacity"), in_flight=Sequence(0),
         publish_cache=calls("publish", True), acknowledge=calls("acknowledge")), POLICY)
-    order = ["not_ready", "close_admission", "deregister", "request_capacity", "publish",
-             "stop", "acknowledge"]
-    assert calls.names == order
-    assert [step.name for step in report.steps] == [*order[:4], "wait_in_flight", *order[4:]]
+    order = ["not_ready", "close_admission", "deregister", "request_capacity", "stop",
+             "acknowledge"]
+    # The publisher runs aside from the start, not between the steps.
+    assert [name for name in calls.names if name != "publish"] == order
+    assert calls.names.count("publish") == 1 and calls.at("publish") == start
+    assert [step.name for step in report.steps] == [*order[:4], "wait_in_flight", "publish", *order[4:]]
     assert report.published is True and report.stopped and report.exit_code == 0
     assert report.errors == []
 
@@ -182,7 +185,7 @@ def test_hung_publisher_is_abandoned_at_its_deadline() -> None:
     release = threading.Event()
     stopped_at: list[float] = []
     start = time.time()
-    policy = DrainPolicy(margin_s=0.1, publish_reserve_s=0.3, stop_reserve_s=0.2)
+    policy = DrainPolicy(margin_s=0.1, stop_reserve_s=0.2)
     report = run_drain(notice(start + 0.6), DrainDeps(
         clock=time.time, sleep=time.sleep, stop_torchserve=lambda t: stopped_at.append(time.time()),
         publish_cache=lambda deadline: release.wait(10)), policy)
@@ -285,7 +288,7 @@ def test_zero_must_be_read_on_quiet_polls_reads_in_a_row(clock) -> None:
     # zero may be stale. With quiet_s 0 only the count of reads decides.
     calls = Calls(clock)
     start = clock()
-    policy = DrainPolicy(margin_s=5, publish_reserve_s=0, stop_reserve_s=10,
+    policy = DrainPolicy(margin_s=5, stop_reserve_s=10,
                          poll_interval_s=0.5, quiet_s=0.0, quiet_polls=3)
     # notice read, then 0 (1st), 2 (breaks the streak), 0, 0, 0 (3rd in a row at +2.0 s)
     run_drain(notice(start + 120), deps(clock, calls, in_flight=Sequence(5, 0, 2, 0, 0, 0)),
@@ -304,7 +307,7 @@ def test_an_unreadable_poll_breaks_the_quiet_streak(clock) -> None:
             raise TorchServeError("metrics endpoint hiccup")
         return value
 
-    policy = DrainPolicy(margin_s=5, publish_reserve_s=0, stop_reserve_s=10,
+    policy = DrainPolicy(margin_s=5, stop_reserve_s=10,
                          poll_interval_s=0.5, quiet_s=0.0, quiet_polls=2)
     report = run_drain(notice(start + 120), deps(clock, calls, in_flight=flaky), policy)
     # notice read 0; wait reads 0, error, 0, 0 -> done at the 2nd zero after the error (+1.5 s)
@@ -312,21 +315,47 @@ def test_an_unreadable_poll_breaks_the_quiet_streak(clock) -> None:
     assert report.errors == []
 
 
-def test_thirty_second_notice_waits_min_wait_then_publishes_in_the_shrunk_reserve(clock) -> None:
-    """Default reserves (5 + 10 + 15) eat a 30 s notice; the wait still gets min_wait_s (5 s),
-    taken from the publish reserve, and the publish runs in what is left before publish_by."""
+def test_the_publish_runs_beside_the_wait_which_gets_the_whole_budget(clock) -> None:
+    """A 30 s notice with reserves 5 + 10: the wait gets all 15 s before publish_by, and the
+    publish, started with the drain, has ended by the time the wait does."""
     calls = Calls(clock)
     start = clock()
-    publish_budget: list[float] = []
-    report = run_drain(notice(start + 30), deps(
-        clock, calls, in_flight=Sequence(3),  # a request that never finishes
-        publish_cache=lambda by: publish_budget.append(by - clock()) or True), POLICY)
-    assert report.plan.publish_reserve_s == 10 and report.plan.wait_until == start + 5
+    published = threading.Event()
+    publish_seen: list[tuple[float, float]] = []
+
+    def publisher(by: float) -> bool:
+        publish_seen.append((clock(), by))
+        published.set()
+        return True
+
+    def in_flight() -> int:  # a request that never finishes; first read once the publish ran
+        assert published.wait(5), "the publish did not start with the drain"
+        return 3
+
+    report = run_drain(notice(start + 30), deps(clock, calls, in_flight=in_flight,
+                                                publish_cache=publisher), POLICY)
+    assert report.plan.wait_until == start + 15 and report.plan.wait_budget_s == 15
+    assert publish_seen == [(start, start + 15)]  # at the start, told its bound
     wait = report.step("wait_in_flight")
     assert not wait.ok and "wait budget spent with 3 request(s)" in wait.detail
-    assert wait.ended_epoch == pytest.approx(start + 5)
-    assert publish_budget == [pytest.approx(10)] and report.published is True
-    assert calls.at("stop") == pytest.approx(start + 5)
+    assert wait.ended_epoch == pytest.approx(start + 15)
+    assert report.step("publish").ok and report.published is True
+    assert report.publish_seconds is not None
+    assert calls.at("stop") == pytest.approx(start + 15)
+
+
+def test_the_publish_step_waits_for_a_publish_still_running_after_the_wait() -> None:
+    """Nothing in flight: the wait ends at once, and the publish step waits for the upload
+    (up to publish_by) before the stop."""
+    start = time.time()
+    stopped_at: list[float] = []
+    policy = DrainPolicy(margin_s=0.1, stop_reserve_s=0.2)
+    report = run_drain(notice(start + 2.0), DrainDeps(
+        clock=time.time, sleep=time.sleep, stop_torchserve=lambda t: stopped_at.append(time.time()),
+        publish_cache=lambda by: time.sleep(0.3) or True), policy)
+    assert report.published is True and report.step("publish").ok
+    assert report.publish_seconds == pytest.approx(0.3, abs=0.2)
+    assert 0.25 <= stopped_at[0] - start < 1.7
 
 
 def test_listeners_are_closed_just_before_the_stop_then_given_time_to_answer(clock) -> None:

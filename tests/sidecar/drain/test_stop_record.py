@@ -6,7 +6,16 @@ import dataclasses
 
 import pytest
 
-from handler.sidecar.drain.stop_record import FLOOR_S, RECORDED, read_stop_seconds, record_stop_seconds, stop_reserve
+from handler.sidecar.drain.stop_record import (
+    FLOOR_S,
+    MAX_S,
+    RECORDED,
+    encode_stop_seconds,
+    parse_stop_seconds,
+    read_stop_seconds,
+    record_stop_seconds,
+    stop_reserve,
+)
 
 
 def test_no_measurement_keeps_the_configured_reserve() -> None:
@@ -46,3 +55,29 @@ def test_with_the_defaults_a_30_s_grace_lets_streams_of_grace_minus_stop_minus_3
     plan = plan_drain(30.0, 0.0, policy)  # SIGTERM with a 30 s grace, nothing to publish
     # The handler cuts what still runs cut_lead_s before the wait ends.
     assert plan.wait_until - policy.cut_lead_s >= 30.0 - measured_stop_s - 3.0 - 1e-9
+
+
+@pytest.mark.parametrize("data", [
+    b'{"stop_seconds": [2.5, -1]}', b'{"stop_seconds": [2.5, 300]}', b'{"stop_seconds": [true]}',
+    b'{"stop_seconds": ["2.5"]}', b'{"stop_seconds": [NaN]}', b'{"stop_seconds": [Infinity]}',
+    b'{"stop_seconds": 2.5}', b'[2.5]', b'{}', b'not json',
+])
+def test_a_record_that_is_not_numbers_in_range_is_refused_whole(data: bytes) -> None:
+    """The record may come from the fleet's store: data to check, never trusted."""
+    with pytest.raises(ValueError):
+        parse_stop_seconds(data)
+
+
+def test_a_valid_record_keeps_its_last_values() -> None:
+    values = [float(v) for v in range(1, RECORDED + 3)]
+    assert parse_stop_seconds(encode_stop_seconds(values)) == values[-RECORDED:]
+    assert parse_stop_seconds(b'{"stop_seconds": [2, 2.5]}') == [2.0, 2.5]
+
+
+def test_a_stop_that_measured_nothing_is_not_recorded(tmp_path) -> None:
+    path = tmp_path / "stop-seconds.json"
+    record_stop_seconds(path, 0.0)
+    assert not path.exists()
+    record_stop_seconds(path, 2.5)
+    record_stop_seconds(path, MAX_S + 1)
+    assert read_stop_seconds(path) == [2.5]

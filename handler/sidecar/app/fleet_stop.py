@@ -1,0 +1,112 @@
+"""The fleet's stop record: measured TorchServe stop times shared through the cache store.
+
+A replica's own record (drain/stop_record.py) lives on its disk and dies with it, so a new
+replica's first drain would keep the 10 s default stop reserve. The store keeps one small
+object beside the artifacts, independent of any cache key:
+
+    <store root or prefix>/fleet/stop-seconds.json     {"stop_seconds": [2.6, 2.5, ...]}
+
+At start a replica with no local record copies the fleet's to its local record (`seed`); after
+a drain, a replica whose local record gained a measurement writes it back (`share`): the last
+RECORDED stops measured anywhere in the fleet, whoever wrote last. It is data, never code: its
+values are range-checked (stop_record.parse_stop_seconds), and with the fleet's keys it is
+signed and verified like a manifest, so a bucket writer cannot set every replica's reserve.
+Store calls run aside under a time bound: a slow store delays neither start nor exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from handler.cache import ArtifactStore, CacheStoreError
+from handler.cache.errors import ManifestSignatureError
+from handler.cache.signing import unverified_body
+from handler.sidecar.drain.stop_record import (
+    encode_stop_seconds,
+    parse_stop_seconds,
+    read_stop_seconds,
+    write_stop_seconds,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NAME = "fleet/stop-seconds.json"
+# Errors a store call may end with; none of them may stop a start or a drain.
+STORE_ERRORS = (CacheStoreError, OSError, ValueError)
+
+
+def read_fleet(store: ArtifactStore) -> list[float]:
+    """The fleet's stop times, [] when there are none; ValueError for a record that fails its
+    signature or range check."""
+    data = store.read_record(NAME)
+    if data is None:
+        return []
+    verifier = store.signing.verifier
+    try:
+        body = data if verifier is None else verifier.open(data)
+    except ManifestSignatureError as err:
+        raise ValueError(f"fleet stop record refused: {err}") from err
+    return parse_stop_seconds(unverified_body(body) if verifier is None else body)
+
+
+def write_fleet(store: ArtifactStore, values: list[float]) -> bool:
+    data = encode_stop_seconds(values)
+    signer = store.signing.signer
+    store.write_record(NAME, data if signer is None else signer.sign(data))
+    return True
+
+
+def seed(store: ArtifactStore, local: Path, timeout_s: float) -> list[float]:
+    """At start: the local record's stop times; when it has none, the fleet's, copied to it
+    (what the next drain here reads). [] when neither has any."""
+    values = read_stop_seconds(local)
+    if values:
+        return values
+    fleet = bounded(lambda: read_fleet(store), timeout_s, f"read {NAME} from {store.describe()}")
+    if fleet:
+        write_stop_seconds(local, fleet)
+        log.info("drain: stop reserve from the fleet's measured stops %s (%s in %s)", fleet, NAME,
+                 store.describe())
+    return fleet or []
+
+
+def share(store: ArtifactStore, local: Path, seen: list[float], timeout_s: float) -> bool:
+    """After a drain: write the local record to the fleet when it differs from what this replica
+    saw at start (a drain here measured a stop). True when written."""
+    values = read_stop_seconds(local)
+    if not values or values == seen:
+        return False
+    done = bounded(lambda: write_fleet(store, values), timeout_s, f"write {NAME} to {store.describe()}")
+    if done is None:
+        return False
+    log.info("drain: shared the measured stops %s with the fleet (%s in %s)", values, NAME, store.describe())
+    return True
+
+
+def bounded(call: Callable[[], T], timeout_s: float, what: str) -> T | None:
+    """call() in a daemon thread, given up after timeout_s; None when it failed or timed out
+    (logged)."""
+    out: dict[str, T] = {}
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except STORE_ERRORS as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=run, name="fleet-stop-record", daemon=True)
+    thread.start()
+    thread.join(max(timeout_s, 0.0))
+    if thread.is_alive():
+        log.warning("fleet stop record: %s still running after %.1f s: given up", what, timeout_s)
+        return None
+    if errors:
+        log.warning("fleet stop record: %s failed (%s: %s)", what, type(errors[0]).__name__, errors[0])
+        return None
+    return out.get("value")
