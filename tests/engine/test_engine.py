@@ -7,8 +7,6 @@ import jsonschema
 import pytest
 import torch
 
-from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine
 from handler.engine.grammar import schema_text
 from handler.engine.sampling import SamplingParams
 
@@ -18,21 +16,6 @@ PROMPTS = [
     "Once upon a time, in a small village,",
     "Water boils at",
 ]
-
-
-@pytest.fixture(scope="module")
-def engine(default_checkpoint):
-    # the float weights (quantization: none), as transformers reads them
-    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=256,
-                       quantization="none")
-    return build_engine(cfg).engine
-
-
-@pytest.fixture(scope="module")
-def reference(default_checkpoint):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_checkpoint, dtype=torch.float32).eval()
 
 
 def _greedy(n):

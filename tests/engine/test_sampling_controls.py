@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handler.engine.config import EngineConfig
-from handler.engine.factory import build_engine
 from handler.engine.sampling import LogitControls, SamplingParams
 
 END = frozenset({0})
@@ -57,20 +55,6 @@ def test_min_tokens_holds_back_end_and_stop_tokens_until_reached():
 # ---- in the engine ------------------------------------------------------------------------
 
 PROMPT = "My favourite words are"
-
-
-@pytest.fixture(scope="module")
-def engine(default_checkpoint):
-    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=4, max_seq_len=256,
-                       quantization="none")
-    return build_engine(cfg).engine
-
-
-@pytest.fixture(scope="module")
-def reference(default_checkpoint):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_checkpoint, dtype=torch.float32).eval()
 
 
 def _reference_greedy(model, ids: list[int], n: int, freq: float, pres: float, rep: float, eos: frozenset[int]) -> list[int]:
