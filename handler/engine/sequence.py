@@ -83,14 +83,15 @@ def take_text(seq: Sequence) -> str:
     if seq.finish_reason is None:
         if seq.text.endswith("\ufffd"):
             end -= 1
-        end -= _stop_prefix_len(seq.text[:end], seq.params.stop)
+        end -= stop_prefix_len(seq.text[:end], seq.params.stop)
     end = max(end, seq.emitted_chars)
     delta = seq.text[seq.emitted_chars : end]
     seq.emitted_chars = end
     return delta
 
 
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+def stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """How many characters at the end of text could still grow into one of stops."""
     longest = 0
     for stop in stops:
         for k in range(min(len(stop) - 1, len(text)), longest, -1):

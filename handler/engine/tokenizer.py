@@ -1,11 +1,12 @@
 """Tokenizer and chat template of a checkpoint directory (tokenizers + a sandboxed Jinja2)."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -37,6 +38,15 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    @functools.cached_property
+    def _template(self) -> Template:
+        # Compiled once, not per request: a chat template is parsed and compiled to Python.
+        assert self.chat_template is not None, "render_chat checks it"
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = _tojson  # not Jinja's own, which escapes <, > and & for HTML
+        env.globals["raise_exception"] = _raise
+        return env.from_string(self.chat_template)
+
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
@@ -49,12 +59,8 @@ class Tokenizer:
         its `tojson` and `raise_exception`); a template that refuses the request says why."""
         if not self.chat_template:
             raise ChatTemplateError("this model has no chat template; send `prompt` instead of `messages`")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = _tojson  # not Jinja's own, which escapes <, > and & for HTML
-        env.globals["raise_exception"] = _raise
         try:
-            template = env.from_string(self.chat_template)
-            return template.render(messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens)
+            return self._template.render(messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens)
         except TemplateError as err:
             raise ChatTemplateError(f"the model's chat template cannot render these messages: {err}") from err
 

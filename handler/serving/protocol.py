@@ -85,6 +85,12 @@ def models_route(url_path: str) -> str | None:
     return path[len(prefix):] if path.startswith(prefix) and len(path) > len(prefix) else None
 
 
+def check_model(model: str, served: str) -> None:
+    """A 404 for a model id this endpoint does not serve (a request's `model`, or models/{id})."""
+    if model != served:
+        raise RequestError(f"model {model!r} does not exist; this endpoint serves {served!r}", status=404)
+
+
 def api_for_path(url_path: str) -> str:
     path = url_path.strip("/")
     if path not in API_BY_PATH:
@@ -127,9 +133,9 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
     n = _n(data, limits) if api != "native" else 1
     try:
         tools = parse_tools(data, limits.tool_format) if api == "chat" else None
-    except ToolsError as err:
+        prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools, limits.tool_format)
+    except ToolsError as err:  # malformed `tools`, or a malformed tool message
         raise RequestError(str(err)) from err
-    prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools, limits.tool_format)
     params = _sampling(api, data, limits)
     if tools is not None and tools.constrained:
         if params.json_schema is not None:
@@ -146,8 +152,8 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
 
 def _check_openai_extras(data: dict, limits: Limits) -> None:
     model = _get(data, "model", str, None)
-    if model is not None and model != limits.served_model_name:
-        raise RequestError(f"model {model!r} does not exist; this endpoint serves {limits.served_model_name!r}", status=404)
+    if model is not None:
+        check_model(model, limits.served_model_name)
     if "best_of" in data:
         raise RequestError("`best_of` is not supported (it would rank completions server-side); ask for `n` completions "
                            "with `logprobs` and rank them yourself")
@@ -200,15 +206,10 @@ def _message(m: Any, i: int) -> dict:
     if m["role"] not in ROLES:
         raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}")
     calls = m["role"] == "assistant" and m.get("tool_calls")
-    if ("content" not in m and not calls) or (m.get("content") is None and not calls):
+    if m.get("content") is None and not calls:
         raise RequestError(f"messages[{i}] must be an object with `role` and `content`")
     clean = {"role": m["role"], "content": _message_text(m.get("content") or "", i)}
-    if m["role"] == "tool" or calls:
-        try:
-            return template_message(m | clean, i)
-        except ToolsError as err:
-            raise RequestError(str(err)) from err
-    return clean
+    return template_message(m | clean, i) if m["role"] == "tool" or calls else clean
 
 
 def _message_text(content: Any, i: int) -> str:

@@ -25,7 +25,7 @@ from handler.engine.sampling import TokenLogprob
 from handler.engine.sequence import StepOutput
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_body, model_list_body
 from handler.serving.metrics import MetricSink
-from handler.serving.protocol import GenerationRequest, Limits, RequestError, models_route, parse_request
+from handler.serving.protocol import GenerationRequest, Limits, RequestError, check_model, models_route, parse_request
 from handler.serving.tool_calls import ToolCall, ToolStream
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
@@ -150,8 +150,10 @@ class BaseService:
         served = self.limits.served_model_name
         if not model:
             return Reply(model_list_body(served, self.started))
-        if model != served:
-            return Reply(error_body(f"model {model!r} does not exist; this endpoint serves {served!r}", 404), 404)
+        try:
+            check_model(model, served)
+        except RequestError as err:
+            return Reply(error_body(err.message, err.status), err.status)
         return Reply(model_body(served, self.started))
 
     def _check_schema(self, schema: str | None, field: str) -> None:

@@ -11,6 +11,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from handler.engine.sequence import stop_prefix_len
 from handler.serving.tools import ToolSpec
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -107,7 +108,4 @@ class ToolStream:
         if at != -1:
             self.calling = True
             return at
-        for keep in range(min(len(HERMES_MARKER) - 1, len(self.text)), 0, -1):
-            if HERMES_MARKER.startswith(self.text[-keep:]):
-                return len(self.text) - keep
-        return len(self.text)
+        return len(self.text) - stop_prefix_len(self.text, (HERMES_MARKER,))

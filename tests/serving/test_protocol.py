@@ -204,3 +204,11 @@ def test_response_format_json_schema_needs_its_schema():
     message = rejects({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "p"}}},
                       "v1/completions")
     assert "needs `json_schema: {\"name\": ..., \"schema\": {...}}`" in message
+
+
+def test_a_malformed_tool_message_is_a_400_that_names_it():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert "messages[1].tool_calls: the arguments of 'f' are not JSON" in rejects({"messages": msgs}, "v1/chat/completions")
+    assert "messages[1] must be an object with `role` and `content`" in rejects(
+        {"messages": [msgs[0], {"role": "assistant", "content": None}]}, "v1/chat/completions")
