@@ -59,6 +59,8 @@ class Contract:
     key_memory_limit_min: str
     cache_dir_env: str
     drain_flag_file: str
+    fleet_key_secret: str
+    fleet_public_key: str
     aws_notice_s: int
     cold_start_budget_s: int
     metric_names: dict[str, str]
@@ -106,6 +108,8 @@ def load_contract(path: Path = DEPLOY / "contract.yaml") -> Contract:
         key_memory_limit_min=str(sc["key_memory_limit_min"]),
         cache_dir_env=sc["cache_dir_env"],
         drain_flag_file=sc["drain_flag_file"],
+        fleet_key_secret=sc["fleet_key_secret"],
+        fleet_public_key=sc["fleet_public_key"],
         aws_notice_s=int(raw["spot"]["aws_notice_s"]),
         cold_start_budget_s=int(raw["startup"]["cold_start_budget_s"]),
         metric_names={k: v for k, v in metrics.items() if k != "model_label"},

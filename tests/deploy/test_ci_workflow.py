@@ -62,3 +62,13 @@ def test_artifacts_are_built_for_the_archived_model_and_published(workflow):
     aot = parse_args(_archive_argv(next(r for r in _runs(workflow["jobs"]["artifacts"]) if "./archive.sh" in r)))
     assert aot.model_name == mar.model_name and aot.cpu_profile == "X" and aot.aot_store == "X"
     assert workflow["jobs"]["artifacts"]["needs"] == "mar"
+
+
+def test_published_artifacts_are_signed_with_a_key_written_before(workflow):
+    steps = workflow["jobs"]["artifacts"]["steps"]
+    archive = next(i for i, s in enumerate(steps) if "./archive.sh" in s.get("run", ""))
+    key_file = parse_args(_archive_argv(steps[archive]["run"])).signing_key
+    assert key_file.endswith(".pem")
+    writes = [s for s in steps[:archive] if key_file in s.get("run", "")]
+    assert len(writes) == 1 and "umask 077" in writes[0]["run"]  # private: the runner's other users cannot read it
+    assert "secrets." in next(iter(writes[0]["env"].values()))

@@ -347,12 +347,28 @@ def test_sidecar_commands_and_flags(pod, contract, helpers, name, subcommand) ->
         assert flags["--cache-key"] == contract.cache_key_file
     # The bucket and the prefix both come from the ConfigMap (next test), into one store URI.
     assert flags["--cache-store"] == "s3://$(S3_BUCKET)/$(S3_PREFIX)"
+    # What is restored must be signed by the fleet key; pods sign nothing (builds do).
+    assert flags["--cache-public-key"] == contract.fleet_public_key
+    assert "--cache-signing-key" not in flags
     if subcommand == "watch":
         assert int(flags["--drain-margin-s"]) == contract.drain_margin_s
         assert flags["--stop-method"] == contract.stop_method
         assert flags["--drain-flag-file"] == contract.drain_flag_file
         # A preStop `drain` request gets the pod's grace period as its deadline.
         assert float(flags["--signal-grace-s"]) == pod["terminationGracePeriodSeconds"]
+
+
+def test_the_fleet_public_key_is_mounted_from_its_secret(pod, contract, helpers) -> None:
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == contract.fleet_key_secret]
+    # Not optional: a pod that could start without the key would restore unverified code.
+    assert not volume["secret"].get("optional", False)
+    key_dir = str(PurePosixPath(contract.fleet_public_key).parent)
+    for c in helpers.containers(pod):
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]
+        if c["name"] in ("cache-restore", "sidecar"):
+            assert mounts == [{"name": volume["name"], "mountPath": key_dir, "readOnly": True}], c["name"]
+        else:
+            assert mounts == [], c["name"]
 
 
 def test_s3_settings_come_from_the_sidecar_configmap(pod, helpers) -> None:
