@@ -17,7 +17,6 @@ Store calls run aside under a time bound: a slow store delays neither start nor 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +24,7 @@ from typing import TypeVar
 from handler.cache import ArtifactStore, CacheStoreError
 from handler.cache.errors import ManifestSignatureError
 from handler.cache.signing import unverified_body
+from handler.sidecar.aside import Aside
 from handler.sidecar.drain.stop_record import (
     encode_stop_seconds,
     parse_stop_seconds,
@@ -89,24 +89,15 @@ def share(store: ArtifactStore, local: Path, seen: list[float], timeout_s: float
 
 
 def bounded(call: Callable[[], T], timeout_s: float, what: str) -> T | None:
-    """call() in a daemon thread, given up after timeout_s; None when it failed or timed out
-    (logged)."""
-    out: dict[str, T] = {}
-    errors: list[Exception] = []
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except STORE_ERRORS as err:
-            errors.append(err)
-
-    thread = threading.Thread(target=run, name="fleet-stop-record", daemon=True)
-    thread.start()
-    thread.join(max(timeout_s, 0.0))
-    if thread.is_alive():
+    """call() aside, given up after timeout_s; None when the store failed or it timed out
+    (logged). Any other error is a bug, raised here."""
+    aside = Aside(call, "fleet-stop-record")
+    if not aside.join(timeout_s):
         log.warning("fleet stop record: %s still running after %.1f s: given up", what, timeout_s)
         return None
-    if errors:
-        log.warning("fleet stop record: %s failed (%s: %s)", what, type(errors[0]).__name__, errors[0])
+    if isinstance(aside.error, STORE_ERRORS):
+        log.warning("fleet stop record: %s failed (%s: %s)", what, type(aside.error).__name__, aside.error)
         return None
-    return out.get("value")
+    if aside.error is not None:
+        raise aside.error
+    return aside.result

@@ -8,51 +8,24 @@ step needs. An abandoned publisher thread is a daemon: it dies with the process.
 
 from __future__ import annotations
 
-import threading
-
-from handler.sidecar.drain.deps import CachePublisher, DrainDeps
+from handler.sidecar.aside import Aside
+from handler.sidecar.drain.deps import DrainDeps
 from handler.sidecar.drain.report import DrainReport
 from handler.sidecar.errors import SidecarError
 
 
-class Publishing:
-    """One publisher call running in its own thread; its result or error once it ends."""
-
-    def __init__(self, publisher: CachePublisher, publish_by: float, deps: DrainDeps) -> None:
-        self._deps = deps
-        self.started_epoch = deps.clock()
-        self.ended_epoch: float | None = None
-        self.result: object = None
-        self.error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, args=(publisher, publish_by),
-                                        name="cache-publish", daemon=True)
-        self._thread.start()
-
-    def _run(self, publisher: CachePublisher, publish_by: float) -> None:
-        try:
-            self.result = publisher(publish_by)
-        except Exception as err:  # crosses the thread; the publish step re-raises it
-            self.error = err
-        finally:
-            self.ended_epoch = self._deps.clock()
-
-    def join(self, timeout_s: float) -> bool:
-        """True once the publisher has returned (or raised)."""
-        self._thread.join(max(timeout_s, 0.0))
-        return not self._thread.is_alive()
-
-
-def start_publish(report: DrainReport, deps: DrainDeps) -> Publishing | None:
+def start_publish(report: DrainReport, deps: DrainDeps) -> Aside[object] | None:
     """Start the publisher now, beside the wait; None when no publish step is planned or the
     notice left no time before publish_by."""
     if "publish" not in report.plan.steps or deps.publish_cache is None:
         return None
     if report.plan.publish_by <= deps.clock():
         return None
-    return Publishing(deps.publish_cache, report.plan.publish_by, deps)
+    publisher, publish_by = deps.publish_cache, report.plan.publish_by
+    return Aside(lambda: publisher(publish_by), "cache-publish", deps.clock)
 
 
-def publish(report: DrainReport, deps: DrainDeps, running: Publishing | None) -> None:
+def publish(report: DrainReport, deps: DrainDeps, running: Aside[object] | None) -> None:
     """The publish step: wait for the publish started with the drain, until publish_by."""
     report.published = False
     budget = report.plan.publish_by - deps.clock()
@@ -61,10 +34,10 @@ def publish(report: DrainReport, deps: DrainDeps, running: Publishing | None) ->
         raise SidecarError(f"no time left to publish ({budget:.1f} s)")
     if not running.join(budget):
         _count_upload(deps, "timeout" if budget > 0 else "skipped")
-        raise TimeoutError(f"cache publisher still running {report.plan.publish_by - running.started_epoch:.1f} s "
+        raise TimeoutError(f"cache publisher still running {report.plan.publish_by - running.started:.1f} s "
                            "after the drain started, at publish_by: abandoned for the stop")
-    if running.ended_epoch is not None:
-        report.publish_seconds = running.ended_epoch - running.started_epoch
+    if running.ended is not None:
+        report.publish_seconds = running.ended - running.started
     if running.error is not None:
         _count_upload(deps, "error")
         raise running.error
