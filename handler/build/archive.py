@@ -12,9 +12,8 @@ from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
 from handler.build.model_config import ServingOptions, model_config
-from handler.engine.checkpoint import check_context, open_checkpoint
+from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.artifacts import write_weights_digest
-from handler.engine.config import EngineConfig
 from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -30,7 +29,6 @@ def build_mar(checkpoint_dir: Path, model_name: str, model_store: Path, opts: Se
     local folders (compiled artifacts, for instance)."""
     # fail here, with the reason, not in a worker later (the handler section itself is the worker's to parse)
     checkpoint = open_checkpoint(checkpoint_dir)
-    check_context(checkpoint.args, int(opts.handler.get("max_seq_len", EngineConfig.max_seq_len)))
     model_store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_store) as tmp:
         staging = Path(tmp) / "extra"

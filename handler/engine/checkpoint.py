@@ -4,8 +4,9 @@ Weights come from safetensors (never pickle), or, in a directory with no safeten
 GGUF file alone (archive.sh writes config.json and the tokenizer beside a GGUF it is given:
 handler.build.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
 qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), gemma3_text (Gemma 3 270M / 1B: sandwich norms, GeGLU,
-scaled embeddings, local and global RoPE; its sliding window is not implemented, so a context
-longer than the window is refused).
+scaled embeddings, local and global RoPE, local layers with a sliding window). Sliding-window
+attention (Mistral, Gemma 3's local layers, Qwen2/3 with use_sliding_window) is computed as
+transformers does: a windowed layer's position sees the last `sliding_window` positions.
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def model_args_from_config(config: dict) -> ModelArgs:
         qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
         tie_embeddings=bool(config.get("tie_word_embeddings", model_type == "gemma3_text")),
         rope_llama3_scaling=None if model_type == "gemma3_text" else _llama3_scaling(config),
-        sliding_window=_sliding_window(model_type, config),
+        sliding_window=(window := _sliding_window(model_type, config)),
+        window_layers=_window_layers(model_type, config, window),
         **family,
     )
 
@@ -123,22 +125,26 @@ def _gemma3(config: dict) -> dict:
             "attn_scale": float(config.get("query_pre_attn_scalar", 256)) ** -0.5}
 
 
+def _window_layers(model_type: str, config: dict, window: int | None) -> tuple[int, ...]:
+    """The layers that see only the last `window` positions, as transformers picks them."""
+    n = config["num_hidden_layers"]
+    if window is None:
+        return ()
+    if model_type == "gemma3_text":
+        return _gemma3(config)["local_layers"]
+    if config.get("layer_types"):
+        return tuple(i for i, kind in enumerate(config["layer_types"]) if kind == "sliding_attention")
+    if model_type in ("qwen2", "qwen3"):  # the layers from max_window_layers on
+        return tuple(range(int(config.get("max_window_layers", n)), n))
+    return tuple(range(n))
+
+
 def _sliding_window(model_type: str, config: dict) -> int | None:
     # Qwen2/3 configs carry a sliding_window that only use_sliding_window switches on.
     if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         return None
     window = config.get("sliding_window")
     return int(window) if window is not None else None
-
-
-def check_context(args: ModelArgs, max_seq_len: int) -> None:
-    """Refuse a context the engine would compute wrongly: attention over more positions than a
-    sliding-window model sees (the engine attends to all of them)."""
-    if args.sliding_window is not None and max_seq_len > args.sliding_window:
-        raise CheckpointError(
-            f"this checkpoint uses sliding-window attention (each token sees the last {args.sliding_window}), which the "
-            f"engine does not implement; max_seq_len {max_seq_len} would give wrong answers beyond the window: set "
-            f"handler.max_seq_len to at most {args.sliding_window} to serve it exactly")
 
 
 def _rope_params(config: dict) -> dict:

@@ -35,9 +35,10 @@ class ModelArgs:
     tie_embeddings: bool = False
     # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
     rope_llama3_scaling: tuple[float, float, float, int] | None = None
-    # Sliding-window attention (Mistral-style): each position sees only the last this-many. Not
-    # implemented: a context longer than the window is refused (checkpoint.check_context).
+    # Sliding-window attention: in window_layers (Mistral: all; Gemma 3: its local layers) each
+    # position sees only the last sliding_window positions, itself included.
     sliding_window: int | None = None
+    window_layers: tuple[int, ...] = ()
     # Gemma 3: norms scale by (norm_offset + w) in float32; embeddings times sqrt(dim); a norm
     # after attention and after the MLP too; GeGLU; queries scaled by attn_scale (else
     # head_dim ** -0.5); the sliding-window layers (local_layers) rotate with their own RoPE base.
@@ -108,9 +109,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor, scale: float | None = None) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float | None = None) -> Tensor:
     """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
-    sequence b sees its positions 0..input_pos[b]. Returns [B, H, 1, D]. Written out: CPU SDPA
+    visible: [B, S], which positions sequence b sees. Returns [B, H, 1, D]. Written out: CPU SDPA
     costs 3-4x this for one masked query row with grouped KV heads. Query heads sharing a KV head
     are one matmul's rows (keys and values read once per KV head); fp32 scores, as eager HF."""
     b, h, _, d = q.shape
@@ -123,7 +124,6 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, input_pos: Tensor,
     else:
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
     scores = scores * (d**-0.5 if scale is None else scale)  # [B, K, G, S]
-    visible = torch.arange(keys.shape[2], device=q.device)[None, :] <= input_pos[:, None]  # [B, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
     if compiling:
@@ -187,7 +187,8 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True, scale=self.args.attn_scale)
         return self._out(y)
 
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
+        # visible: [B, S], which of the slot's first S cached positions the new token sees
         q, k, v = self._qkv(x, cos, sin)
         assert self.kv_cache is not None, "setup_cache first"
         self.kv_cache.write_decode(input_pos, k, v)
@@ -195,9 +196,10 @@ class Attention(nn.Module):
         # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
         # batch, torch could not otherwise tell that keys keep all b rows.
         torch._check(b <= self.kv_cache.k.shape[0])
+        kv_len = visible.shape[-1]
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
-        return self._out(decode_attention(q, keys, values, input_pos, self.args.attn_scale))
+        return self._out(decode_attention(q, keys, values, visible, self.args.attn_scale))
 
 
 class FeedForward(nn.Module):
@@ -237,8 +239,8 @@ class Block(nn.Module):
         return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
     @torch.compiler.nested_compile_region
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
-        h = self._residual(x, self.attention.decode(self.attention_norm(x), cos, sin, input_pos, kv_len),
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
+        h = self._residual(x, self.attention.decode(self.attention_norm(x), cos, sin, input_pos, visible),
                            "post_attention_norm")
         return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
@@ -307,6 +309,15 @@ class Transformer(nn.Module):
             ropes[True] = (self.rope_cos_local[positions], self.rope_sin_local[positions])
         return [ropes[i in self.args.local_layers] for i in range(len(self.layers))]
 
+    def _masks(self, visible: Tensor, positions: Tensor) -> list[Tensor]:
+        """Each layer's visible positions: `visible` ([..., S], causal), narrowed in window_layers
+        to the last sliding_window positions before `positions` ([...], each row's own), itself included."""
+        masks = {False: visible}
+        if self.args.window_layers:
+            seen = torch.arange(visible.shape[-1], device=visible.device) > (positions[..., None] - cast(int, self.args.sliding_window))
+            masks[True] = visible & seen
+        return [masks[i in self.args.window_layers] for i in range(len(self.layers))]
+
     @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         for layer in self.layers:
@@ -335,14 +346,17 @@ class Transformer(nn.Module):
         positions = (start_pos[:, None] + torch.arange(t, device=tokens.device)[None, :]).clamp(max=self.max_seq)  # [B, T]
         visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         x = self._embed(tokens)
-        for layer, (cos, sin) in zip(self.layers, self._ropes(positions)):  # cos, sin: [B, T, D] -> [B, 1, T, D]
-            x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, visible[:, None])
+        for layer, (cos, sin), seen in zip(self.layers, self._ropes(positions), self._masks(visible, positions), strict=True):
+            # cos, sin: [B, T, D] -> [B, 1, T, D]; seen: [B, T, S] -> [B, 1, T, S]
+            x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, seen[:, None])
         return x
 
     def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
         positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
         x = self._embed(tokens[:, None])
-        for layer, (cos, sin) in zip(self.layers, self._ropes(input_pos)):  # cos, sin: [B, D] -> [B, 1, 1, D]
-            x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], input_pos, kv_len)
+        visible = torch.arange(kv_len, device=tokens.device)[None, :] <= input_pos[:, None]  # [B, S]
+        for layer, (cos, sin), seen in zip(self.layers, self._ropes(input_pos), self._masks(visible, input_pos), strict=True):
+            # cos, sin: [B, D] -> [B, 1, 1, D]
+            x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], input_pos, seen)
         return self.output(self.norm(x[:, 0])).float()

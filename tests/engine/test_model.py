@@ -1,6 +1,7 @@
 """The engine's decoder against transformers' reference implementation on the same weights."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,15 +19,20 @@ def _reference(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _compare_prefill_and_decode(path, prompt_ids):
+def _compare_prefill_and_decode(path, prompt_ids, chunk: int | None = None):
+    """Our prefill (in chunks of `chunk` tokens, each attending to the cached ones) and one decode
+    step against transformers' logits for the same tokens."""
     ours = load_model(open_checkpoint(path), torch.float32)
     ours.setup_cache(2, 64)
     ref = _reference(path)
     ids = torch.tensor([prompt_ids])
     t = ids.shape[1]
+    chunk = chunk or t
     with torch.inference_mode():
         ref_logits = ref(ids).logits[0]
-        got_prefill = ours.prefill(ids, torch.tensor([0]), torch.tensor([0]), torch.tensor([t - 1]), 64)[0]
+        for start in range(0, t, chunk):
+            piece = ids[:, start:start + chunk]
+            got_prefill = ours.prefill(piece, torch.tensor([0]), torch.tensor([start]), torch.tensor([piece.shape[1] - 1]), 64)[0]
         nxt = int(ref_logits[-1].argmax())
         ref_next = ref(torch.cat([ids, torch.tensor([[nxt]])], 1)).logits[0, -1]
         got_next = ours.decode(torch.tensor([nxt]), torch.tensor([t]), t + 1)[0]
@@ -111,6 +117,74 @@ def gemma3_random_checkpoint(tmp_path_factory):
 def test_gemma3_text_matches_transformers(gemma3_random_checkpoint):
     assert open_checkpoint(gemma3_random_checkpoint).args.local_layers == (0, 2)
     _compare_prefill_and_decode(gemma3_random_checkpoint, [5, 17, 300, 42, 7, 99])
+
+
+# Prompts longer than a sliding window of 6, prefilled whole and in chunks of 4 (a chunk's
+# tokens see cached ones that are partly out of their window).
+LONG_PROMPT = [5, 17, 300, 42, 7, 99, 3, 250, 61, 11, 480, 19, 77, 2, 140, 33]
+
+
+@pytest.fixture(scope="module")
+def mistral_window_checkpoint(tmp_path_factory):
+    """A small random-weight Mistral checkpoint whose sliding window (6) is shorter than the prompt."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+                           max_position_embeddings=256, attn_implementation="eager")
+    path = tmp_path_factory.mktemp("mistral")
+    MistralForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    (path / "tokenizer.json").write_text(json.dumps({}))
+    return path
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_mistral_beyond_its_sliding_window_matches_transformers(mistral_window_checkpoint, chunk):
+    assert open_checkpoint(mistral_window_checkpoint).args.window_layers == (0, 1)
+    _compare_prefill_and_decode(mistral_window_checkpoint, LONG_PROMPT, chunk)
+
+
+def test_a_window_changes_what_is_computed(mistral_window_checkpoint):
+    """The window is applied, not ignored: without it the same weights give other logits."""
+    ckpt = open_checkpoint(mistral_window_checkpoint)
+    windowed, full = (load_model(ckpt, torch.float32) for _ in range(2))
+    full.args = dataclasses.replace(ckpt.args, window_layers=())
+    outs = []
+    with torch.inference_mode():
+        for model in (windowed, full):
+            model.setup_cache(1, 64)
+            ids = torch.tensor([LONG_PROMPT])
+            outs.append(model.prefill(ids, torch.tensor([0]), torch.tensor([0]), torch.tensor([len(LONG_PROMPT) - 1]), 64)[0])
+    assert (outs[0] - outs[1]).abs().max().item() > 100 * FP32_ATOL
+
+
+@pytest.fixture(scope="module")
+def gemma3_window_checkpoint(tmp_path_factory):
+    """Gemma 3 text with a sliding window (6) shorter than the prompt on its local layers."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=48, query_pre_attn_scalar=64,
+                              sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                              max_position_embeddings=256, attn_implementation="eager")
+    model = Gemma3ForCausalLM(config)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            torch.nn.init.uniform_(p, -0.5, 0.5)
+    path = tmp_path_factory.mktemp("gemma3-window")
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "tokenizer.json").write_text(json.dumps({}))
+    return path
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_gemma3_beyond_its_sliding_window_matches_transformers(gemma3_window_checkpoint, chunk):
+    assert open_checkpoint(gemma3_window_checkpoint).args.window_layers == (0, 2)
+    _compare_prefill_and_decode(gemma3_window_checkpoint, LONG_PROMPT, chunk)
 
 
 def test_gemma3_with_its_vision_tower_is_refused_clearly(tmp_path):

@@ -40,7 +40,7 @@ STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
 # Bump when the saved graphs' layout changes: it is part of the artifact's cache key (what each
 # value meant: docs/benchmarks.md, "Compile settings").
-FORMAT = 13
+FORMAT = 14
 
 
 class AotError(EngineError, RuntimeError):

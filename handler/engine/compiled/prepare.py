@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from handler.engine.checkpoint import Checkpoint, check_context, load_model
+from handler.engine.checkpoint import Checkpoint, load_model
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.kernels import build, matvec
 from handler.engine.model import Transformer
@@ -15,7 +15,6 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
     dtype, projections quantized if chosen, packed copies if chosen (the graphs call packed_linear then),
     bf16 single rows (and decode batches over a float32 copy) through our matrix-vector kernel
     where compiling (Inductor's C++ toolchain is there then), KV cache allocated."""
-    check_context(ckpt.args, cfg.max_seq_len)
     as_stored = ckpt.gguf_only and cfg.quantization == "gguf"  # projections read once, from the file
     model = load_model(ckpt, cfg.torch_dtype, "cpu" if as_stored else cfg.device, projections=not as_stored)
     quantize_model(model, ckpt, cfg)
