@@ -268,33 +268,27 @@ class Transformer(nn.Module):
     def pack_weights(self, dtype: torch.dtype) -> None:
         """Pack every projection weight for oneDNN in `dtype` (CPU; one the platform allows:
         handler.engine.platform.choose_path). Call after the weights are loaded: packing copies them."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack(dtype)
+        for _, linear in projections(self):
+            linear.pack(dtype)
 
     def use_matvec(self, batches: bool = False) -> None:
         """Single rows (and with `batches`, rows one per sequence, where packing made a wider copy)
         through ts_llm::bf16_linear in every projection that has CPU bf16 weights (its kernel must
         be loaded: handler.engine.kernels.build; call after pack_weights)."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.use_matvec(batches)
+        for _, linear in projections(self):
+            linear.use_matvec(batches)
 
     def setup_cache(self, slots: int, max_seq: int) -> None:
         dtype, device = self.norm.weight.dtype, self.norm.weight.device  # the model's (the embedding may be quantized)
         self.max_seq = max_seq
-        # One spare position nobody attends to: a window of kv_len <= max_seq positions is then
-        # never the whole (contiguous) buffer, and compiled graphs, which guard on contiguity,
-        # need no extra specialization for a window or prompt that reaches max_seq.
+        # One spare position nobody attends to: a window of kv_len <= max_seq positions is never the whole
+        # (contiguous) buffer, so graphs, which guard on contiguity, need no specialization at max_seq.
         for layer in self.layers:
             layer.attention.kv_cache = KVCache(slots, max_seq + 1, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
-        cos, sin = rope_frequencies(self.args, max_seq + 1)  # the spare position too (padding writes it)
-        self.register_buffer("rope_cos", cos.to(device), persistent=False)
-        self.register_buffer("rope_sin", sin.to(device), persistent=False)
-        if self.args.local_layers:
-            cos, sin = rope_frequencies(self.args, max_seq + 1, local=True)
-            self.register_buffer("rope_cos_local", cos.to(device), persistent=False)
-            self.register_buffer("rope_sin_local", sin.to(device), persistent=False)
+        for suffix in ("", "_local") if self.args.local_layers else ("",):  # the spare position too (padding writes it)
+            cos, sin = rope_frequencies(self.args, max_seq + 1, local=bool(suffix))
+            self.register_buffer("rope_cos" + suffix, cos.to(device), persistent=False)
+            self.register_buffer("rope_sin" + suffix, sin.to(device), persistent=False)
 
     def _embed(self, tokens: Tensor) -> Tensor:
         x = self.tok_embeddings(tokens)
@@ -304,19 +298,15 @@ class Transformer(nn.Module):
 
     def _ropes(self, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Each layer's (cos, sin) rows at `positions`, shaped as positions + [D]."""
-        ropes = {False: (self.rope_cos[positions], self.rope_sin[positions])}
-        if self.args.local_layers:
-            ropes[True] = (self.rope_cos_local[positions], self.rope_sin_local[positions])
-        return [ropes[i in self.args.local_layers] for i in range(len(self.layers))]
+        shared = (self.rope_cos[positions], self.rope_sin[positions])
+        local = (self.rope_cos_local[positions], self.rope_sin_local[positions]) if self.args.local_layers else shared
+        return [local if i in self.args.local_layers else shared for i in range(len(self.layers))]
 
     def _masks(self, visible: Tensor, positions: Tensor) -> list[Tensor]:
-        """Each layer's visible positions: `visible` ([..., S], causal), narrowed in window_layers
-        to the last sliding_window positions before `positions` ([...], each row's own), itself included."""
-        masks = {False: visible}
-        if self.args.window_layers:
-            seen = torch.arange(visible.shape[-1], device=visible.device) > (positions[..., None] - cast(int, self.args.sliding_window))
-            masks[True] = visible & seen
-        return [masks[i in self.args.window_layers] for i in range(len(self.layers))]
+        """Each layer's visible positions ([..., S], causal up to `positions`, [...]); in window_layers
+        only the last sliding_window of them, itself included (unused, a graph drops the narrowing)."""
+        narrow = visible & (torch.arange(visible.shape[-1], device=visible.device) > positions[..., None] - (self.args.sliding_window or 0))
+        return [narrow if i in self.args.window_layers else visible for i in range(len(self.layers))]
 
     @torch.no_grad()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
@@ -347,7 +337,6 @@ class Transformer(nn.Module):
         visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         x = self._embed(tokens)
         for layer, (cos, sin), seen in zip(self.layers, self._ropes(positions), self._masks(visible, positions), strict=True):
-            # cos, sin: [B, T, D] -> [B, 1, T, D]; seen: [B, T, S] -> [B, 1, T, S]
             x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, seen[:, None])
         return x
 
@@ -357,6 +346,5 @@ class Transformer(nn.Module):
         x = self._embed(tokens[:, None])
         visible = torch.arange(kv_len, device=tokens.device)[None, :] <= input_pos[:, None]  # [B, S]
         for layer, (cos, sin), seen in zip(self.layers, self._ropes(input_pos), self._masks(visible, input_pos), strict=True):
-            # cos, sin: [B, D] -> [B, 1, 1, D]
             x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], input_pos, seen)
         return self.output(self.norm(x[:, 0])).float()
