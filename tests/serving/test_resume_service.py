@@ -64,7 +64,7 @@ def cut_after(engine, records, body, path, calls=3):
     cutting = True
     [last] = service.handle([Incoming("s", None, True, path)])
     assert last.more is False and engine.running == 0
-    return [r.body for r in replies + [last]]
+    return [r.body for r in [*replies, last]]
 
 
 def test_a_cut_sse_stream_resumes_with_last_event_id_and_joins_to_the_uninterrupted_run(engine, records):
