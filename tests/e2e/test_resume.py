@@ -19,7 +19,7 @@ from handler.torchserve.launch import Ports, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED = "llm"
-TOKENS = 48
+TOKENS = 300  # long enough to be running still when the cut comes
 SSE = {"model": SERVED, "prompt": "Write a long story about a lighthouse keeper.", "max_tokens": TOKENS,
        "temperature": 0, "stream": True, "ignore_eos": True}
 NATIVE = {"prompt": "List the planets of the solar system, one per line:", "max_new_tokens": TOKENS, "stream": True,
@@ -34,7 +34,7 @@ def replicas(tmp_path_factory, default_checkpoint):
     tmp = tmp_path_factory.mktemp("resume_e2e")
     store = tmp / "model_store"
     for name in ("a", "b"):
-        handler = {"dtype": "bfloat16", "compile": "eager", "max_seq_len": 256, "max_new_tokens_cap": 64,
+        handler = {"dtype": "bfloat16", "compile": "eager", "max_seq_len": 512, "max_new_tokens_cap": 400, "default_max_new_tokens": 16,
                    "served_model_name": SERVED, "drain_flag_file": str(tmp / name / "draining"),
                    "resume_store": str(tmp / "resume-store")}
         build_mar(default_checkpoint, name, store, ServingOptions("continuous", batch_size=4, handler=handler))
