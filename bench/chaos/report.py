@@ -267,7 +267,7 @@ def markdown(r: dict[str, Any]) -> str:
         return f"{steps[step][i]:.1f}" if step in steps else "n/a"
 
     errors = "\n".join(f"- `{_one_line(e)}`" for e in wk["error_samples"]) or "- none"
-    lb = r["lb"]
+    lb, rs = r["lb"], r["resume"]
     lb_errors = "\n".join(f"- `{_one_line(e)}`" for e in lb["error_samples"]) or "- none"
     setup = "; ".join(f"{k}: {v}" for k, v in r["setup"].items())
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
@@ -380,6 +380,22 @@ whatever did not complete, they saw.
 Errors the clients saw:
 
 {lb_errors}
+
+**Resumable streams.** Beside that load, {rs['streams']} greedy streams of {rs['tokens_each']} tokens
+went through HAProxy 3 s before the notice, long enough to outlive it; both replicas write the
+records of cut streams to one store (`resume_store`). A cut stream's client reconnects through
+HAProxy with the id its final line names (`{{"resume": id}}`), as the final event tells it to, and is
+counted as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`).
+Each finished stream's joined text is compared with an uninterrupted run of the same request on
+the survivor.
+
+| | |
+| --- | --- |
+| cut by r0's drain (a record written, a resume id sent) | {rs['cut']} |
+| **resumed to the end on the survivor** | **{rs['resumed']}** |
+| finished uncut (on the survivor from the start) | {rs['finished_uncut']} |
+| **joined text different from the uninterrupted run** | **{rs['token_mismatch']}** |
+| did not finish | {rs['failed']} {"(" + "; ".join(rs['error_samples']) + ")" if rs['error_samples'] else ""} |
 
 ## When the drain cannot finish in time
 
