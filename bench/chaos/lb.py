@@ -18,6 +18,7 @@ from pathlib import Path
 
 import requests
 
+from bench.chaos import resume
 from bench.chaos.haproxy import Backend, HAProxy, ensure_installed
 from bench.chaos.outcomes import Target, sender
 from bench.chaos.replica import MODEL, Sidecar, build_archive, raise_spot_notice, replica_with_sidecar
@@ -27,6 +28,7 @@ from handler.testing.metadata_emulator import MetadataEmulator
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
 NOTICED = "r0"
+LONG_STREAMS = 20  # about half reach the noticed replica (leastconn): at least 8 cut
 
 
 @dataclass
@@ -43,6 +45,8 @@ class LbPhase:
     servers: dict[str, dict[str, str]] = field(default_factory=dict)  # HAProxy's stats at the end
     report: dict[str, object] | None = None
     torchserve_exit_code: int | None = None
+    long_streams: list[resume.LongStream] = field(default_factory=list)  # resumable, cut and resumed
+    reference: str = ""  # a long stream's uninterrupted text
 
 
 def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
@@ -52,7 +56,7 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
         for name in ("r0", "r1"):
             flag = work / name / "run" / "draining"  # one flag per replica: the .mar names it
             store = work / name / "store"
-            build_archive(checkpoint, store, flag, args.compile, args.batch_size)
+            build_archive(checkpoint, store, flag, args.compile, args.batch_size, work / "resume-store")
             replicas.append(stack.enter_context(replica_with_sidecar(
                 work / name, store, lambda emulator, flag=flag: _settings(args, emulator, flag), NO_TOKEN_AUTH)))
         backends = [Backend(name, ts.ports.inference, sidecar.port)
@@ -64,6 +68,8 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
         ts, sidecar, emulator = replicas[0]
         run_lb(args, phase, haproxy, sidecar, emulator)
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
+        survivor = replicas[1][0]
+        phase.reference = resume.reference(f"http://127.0.0.1:{survivor.ports.inference}/predictions/{MODEL}")
         return phase
 
 
@@ -81,8 +87,11 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar: 
     # A refused request counts as failed here: the client sends its next one after the pause.
     target = Target(f"{haproxy.url}/predictions/{MODEL}", lambda: {})
     load = ClosedLoop(args.clients, sender(target, tuple(args.tokens)), seed=2).start()
+    long_streams = None
     try:
         time.sleep(args.warmup_s)
+        long_streams = resume.LongStreams(target.url, LONG_STREAMS).start(until=time.time() + args.deadline_s + 600)
+        time.sleep(3.0)  # admitted, streaming, when the notice comes
         phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, f" on {NOTICED} behind HAProxy")
         sidecar.process.wait(timeout=args.deadline_s + 60)
         phase.stopped_at = time.time()
@@ -95,6 +104,8 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar: 
         phase.records = load.snapshot()
         phase.report = sidecar.report()
         phase.servers = haproxy.servers()
+        if long_streams is not None:  # the resumed ones go on on the survivor
+            phase.long_streams = long_streams.join(until=time.time() + 600)
 
 
 class _DownWatch:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.chaos.outcomes import LOST, REFUSED, outcome_counts
+from bench.chaos.resume import summary as resume_summary
 from bench.chaos.timeline import Sample, client_curves
 from bench.common import REPO, RESULTS
 from bench.load import Record
@@ -22,7 +23,7 @@ COMMAND = ".venv/bin/python -m bench.chaos"
 
 def write_outputs(args: argparse.Namespace, spot: Any, kill: Any, lb: Any) -> dict[str, Any]:
     results = {"command": COMMAND, **spot_summary(args, spot), "worker_kill": kill_summary(kill),
-               "lb": lb_summary(lb), "setup": setup(args)}
+               "lb": lb_summary(lb), "resume": resume_summary(lb.long_streams, lb.reference), "setup": setup(args)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "chaos.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(spot, kill, lb, results, RESULTS / "chaos.png")
@@ -134,7 +135,9 @@ def lb_summary(lb: Any) -> dict[str, Any]:
         "requests_sent": len(lb.records),
         "requests_completed": counts["completed"],
         # The clients send through HAProxy and never retry: whatever did not complete, they saw.
-        "client_visible_failures": len(lb.records) - counts["completed"],
+        # The long streams' clients reconnect with the resume id a cut gives them: one that then
+        # finished is not a failure; one that did not finish is.
+        "client_visible_failures": len(lb.records) - counts["completed"] + sum(not s.finished for s in lb.long_streams),
         "failures_by_kind": {k: n for k, n in counts.items() if k != "completed" and n},
         "error_samples": sorted({r.error[:120] for r in lb.records if r.error})[:5],
         "requests_sent_after_notice": sum(1 for r in lb.records if r.start >= lb.notice_at),
@@ -264,7 +267,7 @@ def markdown(r: dict[str, Any]) -> str:
         return f"{steps[step][i]:.1f}" if step in steps else "n/a"
 
     errors = "\n".join(f"- `{_one_line(e)}`" for e in wk["error_samples"]) or "- none"
-    lb = r["lb"]
+    lb, rs = r["lb"], r["resume"]
     lb_errors = "\n".join(f"- `{_one_line(e)}`" for e in lb["error_samples"]) or "- none"
     setup = "; ".join(f"{k}: {v}" for k, v in r["setup"].items())
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
@@ -377,6 +380,22 @@ whatever did not complete, they saw.
 Errors the clients saw:
 
 {lb_errors}
+
+**Resumable streams.** Beside that load, {rs['streams']} greedy streams of {rs['tokens_each']} tokens
+went through HAProxy 3 s before the notice, long enough to outlive it; both replicas write the
+records of cut streams to one store (`resume_store`). A cut stream's client reconnects through
+HAProxy with the id its final line names (`{{"resume": id}}`), as the final event tells it to, and is
+counted as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`).
+Each finished stream's joined text is compared with an uninterrupted run of the same request on
+the survivor.
+
+| | |
+| --- | --- |
+| cut by r0's drain (a record written, a resume id sent) | {rs['cut']} |
+| **resumed to the end on the survivor** | **{rs['resumed']}** |
+| finished uncut (on the survivor from the start) | {rs['finished_uncut']} |
+| **joined text different from the uninterrupted run** | **{rs['token_mismatch']}** |
+| did not finish | {rs['failed']} {"(" + "; ".join(rs['error_samples']) + ")" if rs['error_samples'] else ""} |
 
 ## When the drain cannot finish in time
 

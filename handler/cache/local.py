@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,20 @@ class LocalStore(BlobStore):
             return self._get_bytes(name)[1]
         except ArtifactNotFound:
             return None
+
+    def _list(self, prefix: str) -> list[tuple[str, float]]:
+        folder, _, start = prefix.rpartition("/")
+        with self._errors():
+            try:
+                entries = list(os.scandir(self.root / folder))
+            except FileNotFoundError:  # nothing was ever written there
+                return []
+        return [(f"{folder}/{e.name}" if folder else e.name, e.stat().st_mtime) for e in entries
+                if e.is_file() and e.name.startswith(start) and not e.name.startswith(".")]
+
+    def _delete(self, name: str) -> None:
+        with self._errors():
+            (self.root / name).unlink(missing_ok=True)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -191,6 +191,18 @@ class S3Store(BlobStore):
                     return None
                 raise
 
+    def _list(self, prefix: str) -> list[tuple[str, float]]:
+        out = []
+        strip = len(self._key(""))
+        with self._errors(prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                out += [(o["Key"][strip:], o["LastModified"].timestamp()) for o in page.get("Contents", [])]
+        return out
+
+    def _delete(self, name: str) -> None:
+        with self._errors(name):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
     # ---- errors
 
     @contextmanager

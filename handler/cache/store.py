@@ -70,6 +70,8 @@ class ArtifactStore(Protocol):
         """The version of the stored manifest a fetch of `key` rejected here, if one did."""
     def read_record(self, name: str) -> bytes | None: ...
     def write_record(self, name: str, data: bytes) -> None: ...
+    def list_records(self, prefix: str) -> list[tuple[str, float]]: ...
+    def delete_record(self, name: str) -> None: ...
 
 
 def manifest_name(digest: str) -> str:
@@ -123,6 +125,14 @@ class BlobStore(ABC):
     def _version(self, name: str) -> str | None:
         """The blob's version, None if absent."""
 
+    @abstractmethod
+    def _list(self, prefix: str) -> list[tuple[str, float]]:
+        """(name, unix time written) of every blob whose name starts with prefix."""
+
+    @abstractmethod
+    def _delete(self, name: str) -> None:
+        """Remove the blob; nothing when it is absent."""
+
     def _preflight(self) -> None:  # noqa: B027 - an optional hook: most stores have nothing to check
         """Fail with StoreUnavailable before the first operation if the store cannot work."""
 
@@ -149,6 +159,16 @@ class BlobStore(ABC):
     def write_record(self, name: str, data: bytes) -> None:
         self._preflight()
         self._overwrite_bytes(name, data)
+
+    def list_records(self, prefix: str) -> list[tuple[str, float]]:
+        """The records whose names start with `prefix` (a folder: "resume/"), each with the unix
+        time it was written."""
+        self._preflight()
+        return self._list(prefix)
+
+    def delete_record(self, name: str) -> None:
+        self._preflight()
+        self._delete(name)
 
     def publish(self, key: CacheKey, src_dir: Path, replace: str | None = None) -> PublishResult:
         """`replace`: the version of a stored manifest this process rejected (rejected_version,

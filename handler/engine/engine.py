@@ -25,7 +25,7 @@ from handler.engine import EngineError
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next, token_logprob
-from handler.engine.sequence import Sequence, StepOutput, cut_at_stop, take_text
+from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, cut_at_stop, restore, take_text
 from handler.engine.tokenizer import Tokenizer
 
 # Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix
@@ -90,11 +90,13 @@ class Engine:
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.add_samples(request_id, prompt_ids, [params])
 
-    def add_samples(self, request_id: str, prompt_ids: list[int], params: list[SamplingParams]) -> None:
+    def add_samples(self, request_id: str, prompt_ids: list[int], params: list[SamplingParams],
+                    resume: Continuation | None = None) -> None:
         """len(params) samples of one prompt (StepOutput.index tells them apart), each in its own
         slot: the prompt is prefilled once and its KV copied to the other slots, which then sample
-        on their own (params, seeds)."""
+        on their own (params, seeds). `resume`: one sample goes on from where it was cut."""
         assert prompt_ids, "empty prompt"
+        assert resume is None or len(params) == 1, "a resumed generation is one sample"
         assert all(len(prompt_ids) + p.max_new_tokens <= self.max_seq_len for p in params), len(prompt_ids)
         assert len(params) == 1 or self._copy_prefix is not None, "no copy_prefix: one sample per prompt"
         if not self.free_slots:
@@ -103,13 +105,21 @@ class Engine:
             raise EngineFull(f"{self.free_slots} of {len(self._slots)} slots are free, {len(params)} asked")
         matchers = [self._matcher(p) for p in params]  # GrammarError before any slot is taken
         leader = None
+        context = list(prompt_ids) + list(resume.output_ids) if resume is not None else prompt_ids
         for index, (p, matcher) in enumerate(zip(params, matchers)):
-            slot = self._free_slot(prompt_ids if leader is None else [])
+            slot = self._free_slot(context if leader is None else [])
             seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher,
                            LogitControls.for_params(p, prompt_ids, self.tokenizer.eos_ids))
+            if resume is not None:
+                restore(seq, resume, self.tokenizer.decode)
             self._slots[slot] = seq
             self._waiting.append(seq)
             leader = leader or seq
+
+    def continuation(self, request_id: str) -> Continuation | None:
+        """Where the request's (first) sample could go on, at this step; None when not running."""
+        seq = next((s for s in self._slots if s is not None and s.request_id == request_id and s.index == 0), None)
+        return None if seq is None else continuation(seq)
 
     def _free_slot(self, prompt_ids: list[int]) -> int:
         """A free slot below the highest taken one (decode computes its row anyway): the one
@@ -192,8 +202,8 @@ class Engine:
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         if not self.prefix_caching:
             return False
-        _, cached = self._cache.longest(seq.prompt_ids)
-        return any(common_prefix(s.prompt_ids, seq.prompt_ids) >= cached + BLOCK
+        _, cached = self._cache.longest(seq.context)
+        return any(common_prefix(s.context, seq.context) >= cached + BLOCK
                    for s in self._waiting if s.started and s.leader is None)
 
     def _start(self, seq: Sequence) -> None:
@@ -202,13 +212,13 @@ class Engine:
         takes)."""
         seq.started = True
         if self.prefix_caching:
-            source, n = self._cache.longest(seq.prompt_ids, prefer=seq.slot)
+            source, n = self._cache.longest(seq.context, prefer=seq.slot)
             n = min(n, seq.prefill_end)
             self._park(seq.slot, keep=n if source == seq.slot else 0, busy=source)
         else:
             source, n = None, 0
         if source is not None and source != seq.slot and n > 0:
-            self._copy(source, seq.slot, seq.prompt_ids[:n])
+            self._copy(source, seq.slot, seq.context[:n])
         self._cache.truncate(seq.slot, n)
         seq.prefilled = seq.cached_tokens = n
 
@@ -241,7 +251,7 @@ class Engine:
         width = prefill_width(max(n for _, _, n in chunks), min(self.prefill_chunk, self.max_seq_len))
         tokens = torch.zeros(len(chunks), width, dtype=torch.long)
         for row, (s, start, n) in enumerate(chunks):
-            tokens[row, :n] = torch.tensor(s.prompt_ids[start:start + n])
+            tokens[row, :n] = torch.tensor(s.context[start:start + n])
         slot_ids = torch.tensor([s.slot for s, _, _ in chunks])
         start_pos = torch.tensor([start for _, start, _ in chunks])
         last = torch.tensor([n - 1 for _, _, n in chunks])
@@ -253,7 +263,7 @@ class Engine:
         # logits (of each chunk's last row) unused: a prompt's last token is decoded
         for s, start, n in chunks:
             s.prefilled = start + n
-            self._cache.extend(s.slot, s.prompt_ids[start:start + n])
+            self._cache.extend(s.slot, s.context[start:start + n])
 
     def _start_decoding(self) -> None:
         """Each request whose prompt is prefilled up to its last token joins decode, with its
@@ -261,7 +271,7 @@ class Engine:
         for s in [s for s in self._waiting if s.started and s.leader is None and s.prefilled == s.prefill_end]:
             for f in [s] + [f for f in self._waiting if f.leader is s]:
                 if f is not s:
-                    self._copy(s.slot, f.slot, f.prompt_ids[:f.prefill_end])
+                    self._copy(s.slot, f.slot, f.context[:f.prefill_end])
                     f.prefilled, f.started, f.cached_tokens = f.prefill_end, True, s.cached_tokens
                 f.decoding = True
         self._waiting = [s for s in self._waiting if not s.decoding]

@@ -120,6 +120,7 @@ class LogitControls:
         # date as tokens are accepted, so that applying them is one add per step.
         self._offset: Tensor | None = None
         self._seen: Tensor | None = None  # [V] bool, tokens of the prompt or the output (repetition)
+        self._early: list[int] = []  # accepted before the [V] state existed (handler.engine.sequence.restore)
 
     @classmethod
     def for_params(cls, params: SamplingParams, prompt_ids: list[int], end_ids: frozenset[int]) -> LogitControls | None:
@@ -140,8 +141,13 @@ class LogitControls:
 
     def accept(self, token: int) -> None:
         self._generated += 1
-        if self._offset is None:
+        if self._offset is None:  # a resumed generation's tokens, before its first step allocates
+            self._early.append(token)
             return
+        self._count(token)
+
+    def _count(self, token: int) -> None:
+        assert self._offset is not None
         p = self.params
         self._offset[token] -= p.frequency_penalty + (p.presence_penalty if token not in self._in_output else 0.0)
         self._in_output.add(token)
@@ -155,3 +161,6 @@ class LogitControls:
         if self.params.repetition_penalty != 1.0:
             self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
             self._seen[torch.tensor(self._prompt_ids, device=device)] = True
+        for token in self._early:
+            self._count(token)
+        self._early = []

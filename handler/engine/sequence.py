@@ -4,12 +4,23 @@ text that could still become a stop string or an incomplete UTF-8 character is h
 it is settled."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from handler.engine.grammar import Matcher
 from handler.engine.sampling import LogitControls, SamplingParams, TokenLogprob
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Where a generation cut on another replica goes on: the tokens it had generated, how many
+    characters of their text its client holds (what follows is sent), and its sampling
+    generator's state after them (None: greedy)."""
+    output_ids: tuple[int, ...]
+    sent_chars: int
+    rng_state: bytes | None = None
 
 
 @dataclass
@@ -33,8 +44,13 @@ class Sequence:
     finish_reason: str | None = None
 
     @property
+    def context(self) -> list[int]:
+        """What is prefilled: the prompt, then a resumed generation's tokens from before its cut."""
+        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
+
+    @property
     def prefill_end(self) -> int:
-        return len(self.prompt_ids) - 1  # the last token is decoded
+        return len(self.context) - 1  # the last token is decoded
 
     @property
     def last_token(self) -> int:
@@ -62,6 +78,29 @@ class StepOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+# ---- a generation cut on one replica, resumed on another -----------------------------------
+
+def continuation(seq: Sequence) -> Continuation:
+    state = None if seq.generator is None else seq.generator.get_state().numpy().tobytes()
+    return Continuation(tuple(seq.output_ids), seq.emitted_chars, state)
+
+
+def restore(seq: Sequence, at: Continuation, decode: Callable[[list[int]], str]) -> None:
+    """A new sequence as `at` left it: its tokens (prefilled after the prompt: `context`), the
+    logit controls' and grammar's state they led to, its generator's state, and its text, of
+    which what the client holds is not sent again."""
+    for token in at.output_ids:
+        if seq.controls is not None:
+            seq.controls.accept(token)
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
+    seq.output_ids = list(at.output_ids)
+    seq.text = decode(seq.output_ids)
+    seq.emitted_chars = min(at.sent_chars, len(seq.text))
+    if seq.generator is not None and at.rng_state is not None:
+        seq.generator.set_state(torch.frombuffer(bytearray(at.rng_state), dtype=torch.uint8))
 
 
 # ---- the text a sequence may send -------------------------------------------------------------

@@ -52,6 +52,19 @@ class HandlerConfig:
     # the next call, once calls admit and finish nothing (ContinuousService.step_ahead).
     continuous_call_ms: float = 0.0
     continuous_step_ahead: bool = True
+    # Resumable streams (handler.resume): the store a stream cut by the drain leaves its record in,
+    # for another replica to go on from (the sidecar's cache_store: s3://bucket/prefix or a
+    # directory; unset: a cut stream is not resumable and its events carry no ids); how long a
+    # record may be resumed from (seconds from its cut) and how many are kept; the S3 endpoint
+    # and region (unset: AWS's); the fleet's Ed25519 keys, as the sidecar's cache_public_key and
+    # cache_signing_key (records are signed with the one and refused unless signed, with the other).
+    resume_store: str | None = None
+    resume_ttl_s: float = 600.0
+    resume_max_records: int = 1000
+    resume_aws_endpoint_url: str | None = None
+    resume_aws_region: str | None = None
+    resume_public_key: str | None = None
+    resume_signing_key: str | None = None
     # From TorchServe's top-level keys: asyncCommunication -> "async", continuousBatching ->
     # "continuous", neither -> "dynamic" (batchSize/maxBatchDelay).
     batching: Literal["continuous", "async", "dynamic"] = "continuous"
@@ -114,6 +127,9 @@ def _check_limits(cfg: HandlerConfig, batch_size: int) -> None:
         raise ConfigError(f"compile_cache_shelf_mb must be >= 1, got {cfg.compile_cache_shelf_mb}")
     if cfg.continuous_call_ms < 0:
         raise ConfigError(f"continuous_call_ms must be >= 0 (0: one decode step per call), got {cfg.continuous_call_ms}")
+    if cfg.resume_ttl_s <= 0 or cfg.resume_max_records < 1:
+        raise ConfigError(f"resume_ttl_s must be > 0 and resume_max_records >= 1, got {cfg.resume_ttl_s} and "
+                          f"{cfg.resume_max_records}")
     if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:
         raise ConfigError("default_max_new_tokens must be between 1 and max_new_tokens_cap")
     if batch_size > cfg.engine.max_batch_size:

@@ -11,6 +11,8 @@ from itertools import accumulate
 from handler.engine.sampling import TokenLogprob
 from handler.serving.tool_calls import ToolCall
 
+RETRY_MS = 1000  # SSE `retry:` of a cut stream's final event: how soon an EventSource reconnects
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -84,21 +86,24 @@ class Formatter:
 
     def chunk(self, delta: str, finish_reason: str | None, usage: Usage,
               logprobs: Sequence[TokenLogprob] | None = None, index: int = 0, last: bool | None = None,
-              tool_calls: Sequence[ToolCall] = ()) -> str:
+              tool_calls: Sequence[ToolCall] = (), event_id: str | None = None) -> str:
         """One streamed piece of choice `index`: NDJSON line (native) or server-sent events
         (OpenAI); logprobs: the tokens' since the previous piece, when the request asked for them.
         last: the request's final piece (default: this choice finished), which ends the stream.
-        tool_calls: the choice's calls, each whole in this piece (chat)."""
+        tool_calls: the choice's calls, each whole in this piece (chat). event_id: a resumable
+        stream's resume point after this piece (SSE `id:` on each event, NDJSON `"id"`)."""
         last = finish_reason is not None if last is None else last
         if self.api == "native":
             piece: dict[str, object] = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
                 piece["usage"] = usage.body()
+            if event_id is not None:
+                piece["id"] = event_id
             return json.dumps(piece) + "\n"
         if self.api == "completions":
             choice = {"index": index, "text": delta, "finish_reason": finish_reason,
                       "logprobs": self._logprobs(logprobs, index)}
-            events = [self._envelope("text_completion", [choice])]
+            events: list[dict | str] = [self._envelope("text_completion", [choice])]
         else:
             d: dict = {"content": delta}
             if tool_calls:
@@ -108,13 +113,13 @@ class Formatter:
                 self._sent_role.add(index)
             choice = {"index": index, "delta": d, "finish_reason": finish_reason, "logprobs": self._logprobs(logprobs, index)}
             events = [self._envelope("chat.completion.chunk", [choice])]
-        out = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
         if last:
             if self.include_usage:
                 kind = "text_completion" if self.api == "completions" else "chat.completion.chunk"
-                out += f"data: {json.dumps(self._envelope(kind, []) | {'usage': usage.body()})}\n\n"
-            out += "data: [DONE]\n\n"
-        return out
+                events.append(self._envelope(kind, []) | {"usage": usage.body()})
+            events.append("[DONE]")
+        head = "" if event_id is None else f"id: {event_id}\n"
+        return "".join(f"{head}data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
 
     def error_event(self, message: str, status: int = 500) -> str:
         """The last piece of a stream cut by a server fault or shutdown (its 200 was sent with the
@@ -122,6 +127,22 @@ class Formatter:
         send it; `status` is the code the error object carries (503: retry elsewhere)."""
         body = error_body(message, status)
         return body + "\n" if self.api == "native" else f"data: {body}\n\n"
+
+    def resume_event(self, message: str, resume_id: str) -> str:
+        """The last piece of a resumable stream cut by the replica's shutdown, its record written:
+        an error (503) that names the id to resume from, as the event's `id` (and SSE's `retry:`)."""
+        body = json.loads(error_body(message, 503))
+        body["error"]["resume"] = resume_id
+        if self.api == "native":
+            return json.dumps(body | {"id": resume_id}) + "\n"
+        return f"retry: {RETRY_MS}\nid: {resume_id}\ndata: {json.dumps(body)}\n\n"
+
+    def resumed(self, chars: int) -> None:
+        """A resumed stream's: its client holds `chars` characters of the one choice (and the
+        chat role, once any event carried text)."""
+        if chars:
+            self._sent_role.add(0)
+        self._text_offset[0] = chars
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob] | None, index: int = 0) -> dict | None:
         """OpenAI's shapes: completions' parallel lists (top_logprobs null per token when k is 0),

@@ -16,6 +16,7 @@ from ts.utils.util import PredictionException
 from handler.drain_flag import DrainFlag
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.factory import build_engine
+from handler.resume.records import ExpiryPolicy, ResumeRecords, open_records
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.loop_service import Delivery, LoopService
@@ -34,6 +35,7 @@ PER_MESSAGE_LINE = "Backend received inference at: %d"
 # the frontend) for every call: in continuous mode that is one decode step, which
 # ts_llm_time_per_output_token_seconds already measures per request.
 PER_STEP_METRIC = "[METRICS]PredictionTime."
+LAST_EVENT_ID = "last-event-id"  # what an SSE client sends back on reconnect (handler.serving.resumption)
 
 
 def _not_per_message(record: logging.LogRecord) -> bool:
@@ -85,7 +87,8 @@ class LLMHandler(BaseHandler):
             mode_args["step_ahead"] = cfg.continuous_step_ahead
         flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
         self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
-                                   cutting=flag.cutting if flag else lambda: False, **mode_args)
+                                   cutting=flag.cutting if flag else lambda: False, records=resume_records(cfg),
+                                   **mode_args)
         if isinstance(self.service, LoopService):
             self.service.start()
         self.initialized = True
@@ -139,6 +142,20 @@ def artifact_places(cfg: HandlerConfig, model_dir: Path) -> ArtifactPlaces:
     return ArtifactPlaces(Path(cfg.compile_cache_dir), bundled)
 
 
+def resume_records(cfg: HandlerConfig) -> ResumeRecords | None:
+    """Where cut streams' records go (handler.resume); None: no resume store configured."""
+    if not cfg.resume_store:
+        return None
+    records = open_records(cfg.resume_store, ExpiryPolicy(cfg.resume_ttl_s, cfg.resume_max_records),
+                           cfg.resume_aws_endpoint_url, cfg.resume_aws_region, cfg.resume_public_key, cfg.resume_signing_key)
+    if not records.writable:
+        log.warning("resume: %s verifies records with resume_public_key and this replica has no resume_signing_key: "
+                    "it resumes streams cut elsewhere, and streams cut here are not resumable", records.describe())
+    log.info("resume: cut streams leave their records in %s (kept %g s, at most %d)", records.describe(),
+             cfg.resume_ttl_s, cfg.resume_max_records)
+    return records
+
+
 def _served_eager(sink: TorchServeSink, mode: EngineModeGauge) -> None:
     sink.observe("ts_llm_compile_eager_fallback_total", 1)
     mode.settled("eager")
@@ -155,7 +172,13 @@ def _incoming(idx: int, row: dict, context) -> Incoming:
     headers = context.request_processor[idx].get_request_properties()
     body = row.get("body", row.get("data")) if row else None
     http = any(k.lower() == "host" for k in headers)  # gRPC requests carry no HTTP headers
-    return Incoming(context.get_request_id(idx), body, http, headers.get("url_path", "") or "")
+    return Incoming(context.get_request_id(idx), body, http, headers.get("url_path", "") or "", _header(headers, LAST_EVENT_ID))
+
+
+def _header(headers: dict, name: str) -> str | None:
+    """An HTTP header's value whatever its case (TorchServe keeps the client's)."""
+    value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _apply(replies: list[Reply], context) -> list[str]:
@@ -183,4 +206,4 @@ def _send_partial(partial: dict[int, Reply], context) -> None:
 
 
 def _phrase(status: int) -> str:
-    return {400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}.get(status, "Error")
+    return {400: "Bad Request", 404: "Not Found", 410: "Gone", 503: "Service Unavailable"}.get(status, "Error")

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
-from handler.engine.sequence import StepOutput
+from handler.engine.sequence import Continuation, StepOutput
+from handler.resume.ids import ResumePoint, event_id, new_key
+from handler.resume.records import ResumeRecords
+from handler.serving import resumption
 from handler.serving.formats import Choice, Formatter, Usage, error_body, model_body, model_list_body
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, Limits, RequestError, check_model, models_route, parse_request
@@ -38,6 +41,7 @@ class Incoming:
     body: object | None  # None: a continuing request whose body TorchServe keeps in the backend
     http: bool
     url_path: str = ""
+    last_event_id: str | None = None  # the header a reconnecting SSE client sends: resume after that event
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Sample:
     logprobs_sent: int = 0  # how many of them streamed pieces carried
     tools: ToolStream | None = None  # splits content from tool calls, when the request has tools
     tool_calls: list[ToolCall] = field(default_factory=list)  # once finished
+    chars: int = 0  # of its text in pieces built so far (a resumed one's: from the client's resume point)
 
 
 @dataclass
@@ -73,6 +78,9 @@ class Live:
     pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
+    key: str | None = None  # a resumable stream's (handler.resume.ids): its events carry ids
+    resume: Continuation | None = None  # a resumed stream's starting point, for the engine
+    resume_id: str | None = None  # once cut: where its record says to resume (the last event's id)
 
     @property
     def cut(self) -> bool:
@@ -86,8 +94,10 @@ class Live:
 
 class BaseService:
     def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
-                 draining: Callable[[], bool] = lambda: False, cutting: Callable[[], bool] = lambda: False):
+                 draining: Callable[[], bool] = lambda: False, cutting: Callable[[], bool] = lambda: False,
+                 records: ResumeRecords | None = None):
         self.engine, self.limits, self.metrics, self.clock = engine, limits, metrics, clock
+        self.records = records  # where cut streams' records go (handler.resume); None: no stream is resumable
         # draining: refuse new requests (503), finish running ones. cutting: the drain's wait is
         # over, TorchServe stops next: end running ones now, each with a retryable error.
         self.draining, self.cutting = draining, cutting
@@ -96,12 +106,30 @@ class BaseService:
 
     def cut_running(self) -> None:
         """End every unfinished request: its reply becomes cut_reply's (a 503, or a final error
-        event on a stream already sent), not a connection reset when TorchServe stops."""
+        event on a stream already sent), not a connection reset when TorchServe stops. A
+        resumable stream's record is written first, so that its final event can say where to resume."""
+        cut = []
         for request_id, live in self.live.items():
             if live.finish_reason is None:
+                at = self.engine.continuation(request_id) if live.key and live.opened else None
                 self.engine.cancel(request_id)
                 live.finish_reason = "cut"
-                self.metrics.observe("ts_llm_request_failure_total", 1, "cut_by_shutdown")
+                if at is not None:
+                    cut.append((live, at))
+                else:
+                    self.metrics.observe("ts_llm_request_failure_total", 1, "cut_by_shutdown")
+        if cut:
+            self._write_records(cut)
+
+    def _write_records(self, cut: list[tuple[Live, Continuation]]) -> None:
+        assert self.records is not None, "only a replica with a resume store gives streams keys"
+        for live, at in cut:
+            assert live.key is not None, live
+            # What the client holds once the final event is out (the pending pieces go with it).
+            live.resume_id = resumption.write_record(self.records, live.key, live.req, at, live.samples[0].chars,
+                                                     self.limits.served_model_name)
+            self.metrics.observe("ts_llm_request_failure_total", 1, "cut_resumable" if live.resume_id else "cut_by_shutdown")
+        resumption.prune(self.records)
 
     def cut_reply(self, live: Live) -> Reply:
         if not live.opened:
@@ -109,7 +137,9 @@ class BaseService:
         ctype = live.fmt.content_type(live.req.stream)
         if not live.req.stream:  # a whole answer riding a chunked response: its body is the error
             return Reply(error_body(CUT_MESSAGE, 503), content_type=ctype, more=False)
-        return Reply("".join(live.pending) + live.fmt.error_event(CUT_MESSAGE, 503), content_type=ctype, more=False)
+        end = (live.fmt.error_event(CUT_MESSAGE, 503) if live.resume_id is None
+               else live.fmt.resume_event(resumption.RESUME_MESSAGE.format(id=live.resume_id), live.resume_id))
+        return Reply("".join(live.pending) + end, content_type=ctype, more=False)
 
     def last_reply(self, live: Live) -> Reply:
         """A finished request's last reply. more=False ends a chunked HTTP response and any gRPC
@@ -136,15 +166,35 @@ class BaseService:
             return Reply(error_body("this replica is draining before shutdown; retry on another replica", 503), 503)
         tok = self.engine.tokenizer
         try:
+            if (point := resumption.asked_resume(inc.body, inc.url_path, inc.last_event_id)) is not None:
+                return self._accept_resume(inc, point)
             req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
             self._check_schema(req.params.json_schema, "`tools`" if req.tools else "`response_format`")
         except RequestError as err:
             self.metrics.observe("ts_llm_request_failure_total", 1, "invalid_request")
             return Reply(error_body(err.message, err.status), err.status)
-        fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
-        samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
-        self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), samples)
+        key = new_key() if self.records is not None and resumption.resumable(req) else None
+        self._add_live(inc, req, key)
         return None
+
+    def _accept_resume(self, inc: Incoming, point: ResumePoint) -> Reply | None:
+        try:
+            req, at = resumption.resume_request(self.records, point, inc.body, inc.url_path, self.limits)
+        except RequestError as err:
+            self.metrics.observe("ts_llm_request_failure_total", 1, "resume_refused")
+            return Reply(error_body(err.message, err.status), err.status)
+        self._add_live(inc, req, point.key, at)
+        return None
+
+    def _add_live(self, inc: Incoming, req: GenerationRequest, key: str | None, resume: Continuation | None = None) -> None:
+        tok = self.engine.tokenizer
+        fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
+        fmt.id = key or fmt.id  # a resumable stream's envelopes carry its key, the same on every replica
+        samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
+        if resume is not None:  # its client holds the text up to its resume point
+            fmt.resumed(resume.sent_chars)
+            samples[0].chars = resume.sent_chars
+        self.live[inc.request_id] = Live(req, fmt, inc.http, self.clock(), samples, key=key, resume=resume)
 
     def _models_reply(self, model: str) -> Reply:
         served = self.limits.served_model_name
@@ -173,7 +223,7 @@ class BaseService:
         slots are not free, a 400 when its grammar's matcher cannot start."""
         live = self.live[request_id]
         try:
-            self.engine.add_samples(request_id, live.req.prompt_ids, live.req.sample_params())
+            self.engine.add_samples(request_id, live.req.prompt_ids, live.req.sample_params(), live.resume)
         except EngineFull as err:  # batchSize <= slots is checked at load; n > 1 can still find too few
             return self._refuse_start(request_id, "engine_full", f"{err}; retry", 503)
         except GrammarError as err:  # checked at _accept; a matcher can still fail to start
@@ -209,6 +259,7 @@ class BaseService:
         sample = live.samples[out.index]
         text = self._content(sample, out)
         sample.text.append(text)
+        sample.chars += len(text)
         sample.completion_tokens = out.completion_tokens
         sample.logprobs.extend(out.logprobs)
         if out.finished:
@@ -219,7 +270,8 @@ class BaseService:
         if live.req.stream and (text or out.finished):
             live.pending.append(live.fmt.chunk(text, sample.finish_reason, live.usage, logprobs=self._unsent_logprobs(live, sample),
                                                index=out.index, last=live.finish_reason is not None,
-                                               tool_calls=sample.tool_calls))
+                                               tool_calls=sample.tool_calls,
+                                               event_id=event_id(live.key, sample.chars) if live.key else None))
 
     @staticmethod
     def _content(sample: Sample, out: StepOutput) -> str:

@@ -18,6 +18,10 @@ DOCS = REPO / "docs"
 CONFIGURATION = DOCS / "configuration.md"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"
 PROTOCOL = REPO / "handler" / "serving" / "protocol.py"
+# Where the answers to a request are raised: the parser, and the resume of a cut stream.
+REQUEST_ERROR_SOURCES = [PROTOCOL, REPO / "handler" / "serving" / "resumption.py", REPO / "handler" / "resume" / "ids.py",
+                         REPO / "handler" / "resume" / "records.py"]
+REQUEST_ERRORS = {"RequestError", "ResumeIdError", "RecordNotFound", "RecordExpired", "RecordRefused", "StoreFailed"}
 
 # Literal pieces of an f-string message shorter than this ("`", ", got ") say nothing alone.
 MIN_SEGMENT = 12
@@ -45,22 +49,23 @@ def test_every_sidecar_key_and_flag_is_documented(field: dataclasses.Field) -> N
 
 # ---- request errors ------------------------------------------------------------------------
 
-def request_error_messages() -> list[tuple[int, list[str]]]:
-    """(line, literal segments) of every `raise RequestError(<str or f-string>)` in protocol.py."""
+def request_error_messages() -> list[tuple[str, list[str]]]:
+    """(file:line, literal segments) of every `raise RequestError(<str or f-string>)` (and the
+    resume's errors, REQUEST_ERRORS) in REQUEST_ERROR_SOURCES."""
     found = []
-    for node in ast.walk(ast.parse(PROTOCOL.read_text())):
-        if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
-            continue
-        func = node.exc.func
-        if not (isinstance(func, ast.Name) and func.id == "RequestError") or not node.exc.args:
-            continue
-        message = node.exc.args[0]
-        if isinstance(message, ast.Constant) and isinstance(message.value, str):
-            found.append((node.lineno, [message.value]))
-        elif isinstance(message, ast.JoinedStr):
-            parts = [v.value for v in message.values if isinstance(v, ast.Constant)]
-            found.append((node.lineno, parts))
-        # Anything else (str(err)) passes another module's message on; nothing literal here.
+    for source in REQUEST_ERROR_SOURCES:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
+                continue
+            func = node.exc.func
+            if not (isinstance(func, ast.Name) and func.id in REQUEST_ERRORS) or not node.exc.args:
+                continue
+            message, where = node.exc.args[0], f"{source.name}:{node.lineno}"
+            if isinstance(message, ast.Constant) and isinstance(message.value, str):
+                found.append((where, [message.value]))
+            elif isinstance(message, ast.JoinedStr):
+                found.append((where, [v.value for v in message.values if isinstance(v, ast.Constant)]))
+            # Anything else (str(err)) passes another module's message on; nothing literal here.
     return found
 
 
@@ -68,12 +73,12 @@ def test_protocol_raises_request_errors() -> None:
     assert len(request_error_messages()) >= 20  # the parser above still finds them
 
 
-@pytest.mark.parametrize("line, segments", request_error_messages(), ids=lambda v: str(v) if isinstance(v, int) else "")
-def test_every_request_error_is_explained(line: int, segments: list[str]) -> None:
+@pytest.mark.parametrize("line, segments", request_error_messages(), ids=[w for w, _ in request_error_messages()])
+def test_every_request_error_is_explained(line: str, segments: list[str]) -> None:
     docs = squash(TROUBLESHOOTING.read_text() + CONFIGURATION.read_text())
     checked = [s for s in (squash(p).strip() for p in segments) if len(s) >= MIN_SEGMENT]
     for segment in checked:
-        assert segment in docs, (f"protocol.py:{line}: the message text {segment!r} is in neither "
+        assert segment in docs, (f"{line}: the message text {segment!r} is in neither "
                                  "docs/troubleshooting.md nor docs/configuration.md")
 
 

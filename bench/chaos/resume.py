@@ -1,0 +1,111 @@
+"""Phase 3's long streams: greedy NDJSON streams sent through HAProxy just before the spot notice,
+long enough to outlive it. One that is cut (its last line carries `error.resume`) reconnects
+through HAProxy with `{"resume": id}`, as a client of resumable streams does, until it finishes;
+a 503 (a draining replica refused it before accepting it) is sent again after the `retry:` pause.
+Each joined answer is compared with an uninterrupted run of the same request on the survivor.
+
+Counting: a cut stream that its client resumes to the end is not a client-visible failure (the
+client reconnected, as the final event told it to); one that does not finish is.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+PROMPT = "Write a long story about a lighthouse keeper and the storm that changed everything."
+LONG_TOKENS = 600  # at the chaos run's decode speed, longer than the notice's 30 s
+RETRY_S = 1.0  # the SSE `retry:` the handler sends
+
+
+@dataclass
+class LongStream:
+    text: str = ""
+    cut: bool = False  # its replica cut it, and said where to resume
+    resumed: bool = False  # cut, then finished after a resume
+    finished: bool = False
+    error: str | None = None
+
+
+@dataclass
+class LongStreams:
+    url: str  # HAProxy's .../predictions/llm
+    count: int
+    streams: list[LongStream] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, until: float) -> LongStreams:
+        for i in range(self.count):
+            self.streams.append(stream := LongStream())
+            self.threads.append(threading.Thread(target=run, args=(self.url, stream, until), name=f"long-{i}", daemon=True))
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def join(self, until: float) -> list[LongStream]:
+        for thread in self.threads:
+            thread.join(max(0.0, until - time.time()))
+        return self.streams
+
+
+def body() -> dict[str, object]:
+    return {"prompt": PROMPT, "max_new_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True}
+
+
+def run(url: str, stream: LongStream, until: float) -> None:
+    request = body()
+    while time.time() < until:
+        try:
+            last = _send(url, request, stream)
+        except (requests.RequestException, ValueError) as err:
+            stream.error = f"{type(err).__name__}: {str(err)[:160]}"
+            return
+        if last is None:  # refused before it was accepted: the balancer sends it elsewhere next time
+            time.sleep(RETRY_S)
+            continue
+        if last.get("finish_reason") is not None:
+            stream.finished, stream.resumed = True, stream.cut
+            return
+        resume = (last.get("error") or {}).get("resume")
+        if not resume:
+            stream.error = f"ended without a finish or a resume id: {json.dumps(last)[:160]}"
+            return
+        stream.cut, request = True, {"resume": resume}
+    stream.error = stream.error or "did not finish in time"
+
+
+def _send(url: str, request: dict[str, object], stream: LongStream) -> dict | None:
+    """The stream's last line; None when refused with a 503 before anything was sent."""
+    with requests.post(url, json=request, stream=True, timeout=(5.0, 120.0)) as response:
+        if response.status_code == 503:
+            return None
+        if response.status_code != 200:
+            raise ValueError(f"status {response.status_code}: {response.text[:120]}")
+        last: dict = {}
+        for line in response.iter_lines():
+            if line:
+                last = json.loads(line)
+                stream.text += last.get("text", "")
+        return last
+
+
+def reference(url: str) -> str:
+    """The same request uninterrupted (straight to one replica)."""
+    stream = LongStream()
+    last = _send(url, body(), stream)
+    assert last is not None and last.get("finish_reason") == "length", last
+    return stream.text
+
+
+def summary(streams: list[LongStream], expected: str) -> dict[str, object]:
+    finished = [s for s in streams if s.finished]
+    return {"streams": len(streams), "tokens_each": LONG_TOKENS,
+            "cut": sum(s.cut for s in streams), "resumed": sum(s.resumed for s in streams),
+            "finished_uncut": sum(s.finished and not s.cut for s in streams),
+            # Greedy: each finished stream's joined text against the uninterrupted run's.
+            "token_mismatch": sum(s.text != expected for s in finished),
+            "failed": len(streams) - len(finished),
+            "error_samples": sorted({s.error for s in streams if s.error})[:3]}

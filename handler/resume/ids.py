@@ -1,0 +1,54 @@
+"""The resume point of a streamed event: `<key>.<chars>`.
+
+`key` names the stream (its record, once cut): 8 hex digits of the unix time the stream began,
+then 24 random hex digits (96 bits: unguessable, since a record holds someone's prompt). The
+time lets a resume for a record already deleted say "expired" (410) rather than "unknown".
+`chars` is how many characters of the answer the client held after that event: a resume sends
+what follows them. SSE carries it as `id:`, NDJSON lines as `"id"`; browsers send the last one
+back as `Last-Event-ID`.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+KEY_PATTERN = re.compile(r"[0-9a-f]{32}")
+_ID_PATTERN = re.compile(r"([0-9a-f]{32})\.(0|[1-9][0-9]{0,8})")
+
+
+class ResumeIdError(ValueError):
+    """Not an event id this server issues."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    key: str
+    chars: int  # of the answer's text the client holds
+
+    def __str__(self) -> str:
+        return event_id(self.key, self.chars)
+
+
+def new_key(now: float | None = None) -> str:
+    began = int(time.time() if now is None else now)
+    return f"{began & 0xFFFFFFFF:08x}{secrets.token_hex(12)}"
+
+
+def key_time(key: str) -> int:
+    """The unix time the stream began (what new_key wrote)."""
+    return int(key[:8], 16)
+
+
+def event_id(key: str, chars: int) -> str:
+    assert chars >= 0, chars
+    return f"{key}.{chars}"
+
+
+def parse_event_id(text: str) -> ResumePoint:
+    match = _ID_PATTERN.fullmatch(text.strip())
+    if match is None:
+        raise ResumeIdError(f"resume id {text[:80]!r} is not an event id of this server "
+                            "(32 hex digits, a dot, a character count): send the `id` of the last event you received")
+    return ResumePoint(match.group(1), int(match.group(2)))

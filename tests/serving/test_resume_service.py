@@ -1,0 +1,140 @@
+"""A stream cut by the drain resumes on another replica (another service over the same store),
+driven as TorchServe drives it, on the real engine: the joined stream equals an uninterrupted
+run (greedy on SSE, seeded on NDJSON), every event carries its resume point, and a resume that
+cannot be served is a clear 4xx."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from handler.cache.local import LocalStore
+from handler.cache.signing import ManifestVerifier, Signing
+from handler.engine.config import EngineConfig
+from handler.engine.factory import build_engine
+from handler.resume.ids import new_key, parse_event_id
+from handler.resume.records import ExpiryPolicy, ResumeRecords, record_name
+from handler.serving.continuous_service import ContinuousService
+from handler.serving.protocol import Limits
+from handler.serving.service import Incoming
+from tests.support.recording_sink import RecordingSink
+from tests.support.service_driver import drive
+
+LIMITS = Limits(max_seq_len=128, max_new_tokens_cap=64, default_max_new_tokens=8, served_model_name="llm",
+                vocab_size=49152)
+SSE_BODY = {"model": "llm", "prompt": "The three primary colors are", "max_tokens": 12, "temperature": 0, "stream": True}
+NDJSON_BODY = {"prompt": "Once upon a time", "max_new_tokens": 12, "temperature": 0.9, "seed": 3, "stream": True,
+               "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine(default_checkpoint):
+    cfg = EngineConfig(default_checkpoint, dtype="float32", compile="eager", max_batch_size=2, max_seq_len=128,
+                       quantization="none")
+    return build_engine(cfg).engine
+
+
+@pytest.fixture
+def records(tmp_path):
+    return ResumeRecords(LocalStore(tmp_path / "store", progress=False), ExpiryPolicy(ttl_s=60, max_records=10))
+
+
+def sse_events(bodies):
+    """Each event's fields ({"id": ..., "data": ..., "retry": ...}) in order."""
+    events = []
+    for block in "".join(bodies).split("\n\n"):
+        if block.strip():
+            events.append(dict(line.split(": ", 1) for line in block.splitlines()))
+    return events
+
+
+def sse_text(events):
+    return "".join(json.loads(e["data"])["choices"][0]["text"] for e in events
+                   if e["data"] != "[DONE]" and "choices" in json.loads(e["data"]))
+
+
+def cut_after(engine, records, body, path, calls=3):
+    """A replica that serves `calls` calls of the stream, then is cut: the bodies it sent."""
+    cutting = False
+    service = ContinuousService(engine, LIMITS, RecordingSink(), cutting=lambda: cutting, records=records)
+    replies = [service.handle([Incoming("s", body, True, path)])[0]]
+    for _ in range(calls - 1):
+        replies += service.handle([Incoming("s", None, True, path)])
+    assert all(r.more for r in replies), "the stream was still running before the cut"
+    cutting = True
+    [last] = service.handle([Incoming("s", None, True, path)])
+    assert last.more is False and engine.running == 0
+    return [r.body for r in [*replies, last]]
+
+
+def test_a_cut_sse_stream_resumes_with_last_event_id_and_joins_to_the_uninterrupted_run(engine, records):
+    path = "v1/completions"
+    ref = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records), [Incoming("ref", SSE_BODY, True, path)])
+    reference = sse_text(sse_events(r.body for r in ref["ref"]))
+    events = sse_events(cut_after(engine, records, SSE_BODY, path))
+    final = events[-1]
+    error = json.loads(final["data"])["error"]
+    assert final["retry"] == "1000" and error["resume"] == final["id"] and error["code"] == 503
+    assert all("id" in e for e in events), "every event carries its resume point"
+    point = parse_event_id(final["id"])
+    assert point.chars == len(sse_text(events)) and records.store.read_record(record_name(point.key)) is not None
+
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", SSE_BODY, True, path, last_event_id=final["id"])])["r"]
+    more = sse_events(r.body for r in resumed)
+    assert sse_text(events) + sse_text(more) == reference
+    assert {json.loads(e["data"])["id"] for e in events + more if e["data"] != "[DONE]" and "choices" in e["data"]} \
+        == {f"cmpl-{point.key}"}, "one stream: the same envelope id on every replica"
+    assert parse_event_id(more[-1]["id"]).chars == len(reference)
+
+
+def test_a_cut_seeded_ndjson_stream_resumes_with_the_resume_field(engine, records):
+    ref = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records), [Incoming("ref", NDJSON_BODY, True)])
+    reference = "".join(json.loads(line)["text"] for r in ref["ref"] for line in r.body.splitlines())
+    lines = [json.loads(line) for body in cut_after(engine, records, NDJSON_BODY, "") for line in body.splitlines()]
+    sent = "".join(line.get("text", "") for line in lines)
+    assert all("id" in line for line in lines) and lines[-1]["error"]["resume"] == lines[-1]["id"]
+
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", {"resume": lines[-1]["id"]}, True)])["r"]
+    more = [json.loads(line) for r in resumed for line in r.body.splitlines()]
+    assert sent + "".join(m["text"] for m in more) == reference
+    assert more[-1]["usage"]["completion_tokens"] == 12, "usage counts the whole generation"
+
+
+def refusal(engine, records, inc):
+    [reply] = ContinuousService(engine, LIMITS, RecordingSink(), records=records).handle([inc])
+    return reply.status, json.loads(reply.body)["error"]["message"]
+
+
+def test_resumes_that_cannot_be_served_are_clear_4xx(engine, records):
+    unknown = f"{new_key()}.0"
+    status, message = refusal(engine, records, Incoming("a", {"resume": unknown}, True))
+    assert status == 404 and "no cut stream" in message
+    long_ago = f"{new_key(now=1_000_000)}.0"
+    status, message = refusal(engine, records, Incoming("b", {"resume": long_ago}, True))
+    assert status == 410 and "expired" in message
+    status, message = refusal(engine, records, Incoming("c", {"resume": "not-an-id"}, True))
+    assert status == 400 and "not an event id" in message
+
+
+def test_an_expired_record_is_410_and_a_resume_on_another_route_is_400(engine, records):
+    [final] = sse_events(cut_after(engine, records, SSE_BODY, "v1/completions", calls=2)[-1:])
+    status, message = refusal(engine, records, Incoming("a", {}, True, "v1/chat/completions", last_event_id=final["id"]))
+    assert status == 400 and "same route" in message
+    later = ResumeRecords(records.store, records.policy, clock=lambda: records.clock() + 61)
+    status, message = refusal(engine, later, Incoming("b", SSE_BODY, True, "v1/completions", last_event_id=final["id"]))
+    assert status == 410 and "resume_ttl_s" in message
+
+
+def test_a_replica_that_cannot_sign_its_records_ends_cut_streams_as_before(engine, tmp_path):
+    """It verifies records (the fleet's public key) without the private key: what it wrote would be
+    refused everywhere, so it writes nothing and says retry, not resume."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    signing = Signing(verifier=ManifestVerifier(Ed25519PrivateKey.generate().public_key()))
+    records = ResumeRecords(LocalStore(tmp_path, progress=False, signing=signing), ExpiryPolicy())
+    final = cut_after(engine, records, NDJSON_BODY, "", calls=2)[-1].splitlines()[-1]
+    error = json.loads(final)["error"]
+    assert "resume" not in error and "retry on another replica" in error["message"]
+    assert records.store.list_records("resume/") == []
