@@ -98,7 +98,7 @@ def model_args_from_config(config: dict) -> ModelArgs:
         tie_embeddings=bool(config.get("tie_word_embeddings", model_type == "gemma3_text")),
         rope_llama3_scaling=None if model_type == "gemma3_text" else _llama3_scaling(config),
         sliding_window=(window := _sliding_window(model_type, config)),
-        window_layers=_window_layers(model_type, config, window),
+        window_layers=_window_layers(model_type, config, window, family.get("local_layers", ())),
         **family,
     )
 
@@ -125,13 +125,14 @@ def _gemma3(config: dict) -> dict:
             "attn_scale": float(config.get("query_pre_attn_scalar", 256)) ** -0.5}
 
 
-def _window_layers(model_type: str, config: dict, window: int | None) -> tuple[int, ...]:
-    """The layers that see only the last `window` positions, as transformers picks them."""
+def _window_layers(model_type: str, config: dict, window: int | None, local_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The layers that see only the last `window` positions, as transformers picks them (Gemma 3:
+    its local layers, already derived)."""
     n = config["num_hidden_layers"]
     if window is None:
         return ()
     if model_type == "gemma3_text":
-        return _gemma3(config)["local_layers"]
+        return local_layers
     if config.get("layer_types"):
         return tuple(i for i, kind in enumerate(config["layer_types"]) if kind == "sliding_attention")
     if model_type in ("qwen2", "qwen3"):  # the layers from max_window_layers on

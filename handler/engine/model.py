@@ -35,8 +35,7 @@ class ModelArgs:
     tie_embeddings: bool = False
     # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
     rope_llama3_scaling: tuple[float, float, float, int] | None = None
-    # Sliding-window attention: in window_layers (Mistral: all; Gemma 3: its local layers) each
-    # position sees only the last sliding_window positions, itself included.
+    # window_layers (Mistral: all; Gemma 3: its local ones) see the last sliding_window positions only
     sliding_window: int | None = None
     window_layers: tuple[int, ...] = ()
     # Gemma 3: norms scale by (norm_offset + w) in float32; embeddings times sqrt(dim); a norm
@@ -303,8 +302,9 @@ class Transformer(nn.Module):
         return [local if i in self.args.local_layers else shared for i in range(len(self.layers))]
 
     def _masks(self, visible: Tensor, positions: Tensor) -> list[Tensor]:
-        """Each layer's visible positions ([..., S], causal up to `positions`, [...]); in window_layers
-        only the last sliding_window of them, itself included (unused, a graph drops the narrowing)."""
+        """Each layer's visible positions ([..., S], causal up to `positions`); window_layers' only the last sliding_window."""
+        if not self.args.window_layers:  # no narrowing to compute on an eager step
+            return [visible] * len(self.layers)
         narrow = visible & (torch.arange(visible.shape[-1], device=visible.device) > positions[..., None] - (self.args.sliding_window or 0))
         return [narrow if i in self.args.window_layers else visible for i in range(len(self.layers))]
 

@@ -91,27 +91,31 @@ def test_qwen3_with_query_key_norms_matches_transformers(qwen3_random_checkpoint
     _compare_prefill_and_decode(qwen3_random_checkpoint, [5, 17, 300, 42, 7, 99])
 
 
-@pytest.fixture(scope="module")
-def gemma3_random_checkpoint(tmp_path_factory):
-    """A small random-weight Gemma 3 text checkpoint: sandwich norms (1 + w), q/k norms, GeGLU,
-    scaled embeddings, query_pre_attn_scalar, local and global RoPE bases, tied head."""
+def _gemma3_checkpoint(path, sliding_window: int, **config):
+    """A small random-weight Gemma 3 text checkpoint in `path`: sandwich norms (1 + w), q/k norms,
+    GeGLU, scaled embeddings, query_pre_attn_scalar, local and global RoPE bases, tied head."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
     config = Gemma3TextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=48, query_pre_attn_scalar=64,
-                              sliding_window=64, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              sliding_window=sliding_window,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                               rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-                              max_position_embeddings=256)
+                              max_position_embeddings=256, **config)
     model = Gemma3ForCausalLM(config)
     for name, p in model.named_parameters():
         if "norm" in name:
             torch.nn.init.uniform_(p, -0.5, 0.5)  # Gemma norms start at 0 (a scale of 1): a dropped one shows
-    path = tmp_path_factory.mktemp("gemma3")
     model.save_pretrained(path, safe_serialization=True)
     (path / "tokenizer.json").write_text(json.dumps({}))
     return path
+
+
+@pytest.fixture(scope="module")
+def gemma3_random_checkpoint(tmp_path_factory):
+    return _gemma3_checkpoint(tmp_path_factory.mktemp("gemma3"), sliding_window=64)
 
 
 def test_gemma3_text_matches_transformers(gemma3_random_checkpoint):
@@ -162,23 +166,7 @@ def test_a_window_changes_what_is_computed(mistral_window_checkpoint):
 @pytest.fixture(scope="module")
 def gemma3_window_checkpoint(tmp_path_factory):
     """Gemma 3 text with a sliding window (6) shorter than the prompt on its local layers."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=48, query_pre_attn_scalar=64,
-                              sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-                              max_position_embeddings=256, attn_implementation="eager")
-    model = Gemma3ForCausalLM(config)
-    for name, p in model.named_parameters():
-        if "norm" in name:
-            torch.nn.init.uniform_(p, -0.5, 0.5)
-    path = tmp_path_factory.mktemp("gemma3-window")
-    model.save_pretrained(path, safe_serialization=True)
-    (path / "tokenizer.json").write_text(json.dumps({}))
-    return path
+    return _gemma3_checkpoint(tmp_path_factory.mktemp("gemma3-window"), sliding_window=6, attn_implementation="eager")
 
 
 @pytest.mark.parametrize("chunk", [None, 4])
