@@ -28,8 +28,12 @@ class Usage:
 
 
 def error_body(message: str, status: int) -> str:
+    return json.dumps(error_object(message, status))
+
+
+def error_object(message: str, status: int) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}})
+    return {"error": {"message": message, "type": kind, "code": status}}
 
 
 def model_list_body(model: str, created: int) -> str:
@@ -131,7 +135,7 @@ class Formatter:
     def resume_event(self, message: str, resume_id: str) -> str:
         """The last piece of a resumable stream cut by the replica's shutdown, its record written:
         an error (503) that names the id to resume from, as the event's `id` (and SSE's `retry:`)."""
-        body = json.loads(error_body(message, 503))
+        body = error_object(message, 503)
         body["error"]["resume"] = resume_id
         if self.api == "native":
             return json.dumps(body | {"id": resume_id}) + "\n"
