@@ -129,9 +129,11 @@ def percentile(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def summarize(records: list[Record]) -> dict:
+def summarize(records: list[Record], duration: float | None = None) -> dict:
+    """`duration`: the seconds the load took (default: first start to last end; give it when
+    `records` pool loads run apart, as the sum of their own)."""
     ok = [r for r in records if r.status == 200 and r.error is None]
-    duration = max(r.end for r in records) - min(r.start for r in records)
+    duration = duration or span(records)
     ttft = [r.first - r.start for r in ok if r.first]
     itl = [b - a for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
     e2e = [r.end - r.start for r in ok]
@@ -142,6 +144,11 @@ def summarize(records: list[Record]) -> dict:
         out[f"{name}_p50_s"] = percentile(vals, 0.5)
         out[f"{name}_p99_s"] = percentile(vals, 0.99)
     return out
+
+
+def span(records: list[Record]) -> float:
+    """Seconds from the first request's start to the last one's end."""
+    return max(r.end for r in records) - min(r.start for r in records)
 
 
 def as_rows(records: list[Record]) -> list[dict]:

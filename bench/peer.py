@@ -1,7 +1,10 @@
 """Side by side with llama.cpp at its best: this handler as `./serve.sh` serves it and `llama-server`
 on every GGUF type of the same width made from the same weights, the same streaming load against both
-systems' /v1/completions, one server at a time; ratios are taken against llama.cpp's fastest type at
-each concurrency.
+systems' /v1/completions; ratios are taken against llama.cpp's fastest type at each concurrency.
+Every server of a precision is up at once and they take turns: each concurrency level runs
+`--rounds` rounds, every server loaded once a round (the order reversed every other round), and a
+level's numbers pool its rounds, so a slow spell of a shared host falls on both sides instead of on
+whichever ran then.
 
     .venv/bin/python -m bench.peer                        # every precision: bf16, int8, int4
     .venv/bin/python -m bench.peer --precisions int4      # ours' int4 against Q4_0, Q4_K_M and Q4_1
@@ -23,6 +26,7 @@ per-request records), docs/results/peer.png and the peer section of docs/benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -30,6 +34,8 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -37,7 +43,7 @@ import yaml
 
 from bench import peer_llamacpp as llamacpp, peer_models
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.load import PROMPTS, as_rows, run_load, summarize
+from bench.load import PROMPTS, Record, as_rows, run_load, span, summarize
 from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions, handler_config
 from handler.engine import platform
@@ -58,6 +64,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests", type=int, nargs="+", default=[32, 32, 64, 64],
                    help="requests per concurrency level (32 at one client: a few slow requests on a shared host move 8 a lot)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds a level: every server takes the level's requests once a round, in turn")
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="ours' batchSize and llama-server's -np (parallel slots)")
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
@@ -111,24 +119,51 @@ def bodies(n: int, args) -> list[dict]:
              "ignore_eos": True, "stream_options": {"include_usage": True}} for i in range(n)]
 
 
-def measure(system: str, label: str, url: str, headers: dict, args) -> list[dict]:
+@dataclass(frozen=True)
+class Server:
+    """One server under the load: where its completions are, and what its side records beside its runs
+    (`describe`, called while it is up: memory, compile time)."""
+    url: str
+    headers: dict
+    describe: Callable[[], dict]
+
+
+Key = tuple[str, str]  # (system, label): ("ours", precision) or ("llama.cpp", GGUF type)
+
+
+def turns(keys: list[Key], concurrency: list[int], requests: list[int], rounds: int) -> list[tuple[int, int, Key]]:
+    """(level, requests, server) in the order they are measured: level by level, each server once a
+    round, the order reversed every other round (neither side always runs right after the other)."""
+    return [(c, n, key) for c, n in zip(concurrency, requests, strict=True)
+            for r in range(rounds) for key in (keys if r % 2 == 0 else keys[::-1])]
+
+
+def measure_rounds(servers: dict[Key, Server], args) -> dict[Key, list[dict]]:
+    """Each server's runs, a summary a level over its pooled rounds."""
     # A connection per request, for both: llama-server closes idle keep-alive connections, and a POST
     # sent on one it just closed fails (RemoteDisconnected) without ever reaching it.
-    headers = {**headers, "Connection": "close"}
-    run_load(url, headers, bodies(2, args), 1, stream=True)  # warm-up, not recorded
-    runs = []
-    for conc, n in zip(args.concurrency, args.requests):
-        records = run_load(url, headers, bodies(n, args), conc, stream=True)
-        summary = {"concurrency": conc, **summarize(records)}
-        summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
-        runs.append(summary)
-        (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
-        (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{conc}.json").write_text(json.dumps(as_rows(records)))
-        print(f"{system} {label} c={conc}: {summary['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
-              f"{_fmt(summary['ttft_p50_s'])}/{_fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
-              f"{_fmt(summary['itl_p50_s'], 1e3, 1)}/{_fmt(summary['itl_p99_s'], 1e3, 1)} ms, "
-              f"{summary['tokens_per_request']:.1f} tokens/request, errors {summary['errors']}", flush=True)
-    return runs
+    headers = {key: {**server.headers, "Connection": "close"} for key, server in servers.items()}
+    for key, server in servers.items():
+        run_load(server.url, headers[key], bodies(2, args), 1, stream=True)  # warm-up, not recorded
+    loads: dict[Key, dict[int, list[list[Record]]]] = {key: {c: [] for c in args.concurrency} for key in servers}
+    for c, n, key in turns(list(servers), args.concurrency, args.requests, args.rounds):
+        loads[key][c].append(run_load(servers[key].url, headers[key], bodies(n, args), c, stream=True))
+    return {key: [level_summary(key, c, rounds, args) for c, rounds in levels.items()] for key, levels in loads.items()}
+
+
+def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
+    """One level's rounds pooled: latencies over every request, tokens/s over the rounds' own time."""
+    records = [r for one in rounds for r in one]
+    summary = {"concurrency": c, "rounds": len(rounds), **summarize(records, duration=sum(span(one) for one in rounds))}
+    summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
+    system, label = key
+    (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
+    (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{c}.json").write_text(json.dumps(as_rows(records)))
+    print(f"{system} {label} c={c}: {summary['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
+          f"{_fmt(summary['ttft_p50_s'])}/{_fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
+          f"{_fmt(summary['itl_p50_s'], 1e3, 1)}/{_fmt(summary['itl_p99_s'], 1e3, 1)} ms, "
+          f"{summary['tokens_per_request']:.1f} tokens/request, errors {summary['errors']}", flush=True)
+    return summary
 
 
 def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> Path:
@@ -144,7 +179,28 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> 
     return out
 
 
-def sweep_ours(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: Path) -> dict:
+def sweep(precision: str, checkpoint: Path, gguf: Path | None, ggufs: dict[str, Path], build: dict, args,
+          tmp: Path) -> dict:
+    """The precision's pair: ours and every GGUF type of its width, all up at once, measured in
+    turns (measure_rounds); which type was fastest at each level."""
+    with contextlib.ExitStack() as stack:
+        servers: dict[Key, Server] = {}
+        if "ours" in args.systems:
+            servers[("ours", precision)] = stack.enter_context(ours_server(precision, checkpoint, gguf, args, tmp))
+        if "llama.cpp" in args.systems:
+            for kind in llamacpp.GGUF_TYPES[precision]:
+                servers[("llama.cpp", kind)] = stack.enter_context(llamacpp_server(kind, build, ggufs[kind], args, tmp))
+        runs = measure_rounds(servers, args)
+        sides = {key: {**server.describe(), "runs": runs[key]} for key, server in servers.items()}
+    pair = {"ours": sides[("ours", precision)]} if ("ours", precision) in sides else {}
+    formats = {kind: side for (system, kind), side in sides.items() if system == "llama.cpp"}
+    if formats:
+        pair["llama.cpp"] = {"formats": formats, "fastest": fastest(formats, args.concurrency)}
+    return pair
+
+
+@contextlib.contextmanager
+def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: Path) -> Iterator[Server]:
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision], **handler_settings(args.handler_set)}
     opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, handler=handler)
@@ -154,24 +210,20 @@ def sweep_ours(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: P
     build_mar(checkpoint, "llm", run_dir / "model_store", opts)
     ts = start_torchserve(run_dir / "model_store", {"llm": "llm.mar"}, REPO / "config.properties", run_dir / "work",
                           Ports.free())
+
+    def describe() -> dict:
+        (worker,) = ts.client("llm").describe().workers
+        compiled = re.search(r"compiled steps loaded in the background in ([\d.]+) s", ts.model_log())
+        return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if gguf else None,
+                "worker_rss_bytes": psutil.Process(int(worker.pid)).memory_info().rss,
+                "compiled_after_s": float(compiled[1]) if compiled else None}
+
     try:
         ts.wait_ready("llm", timeout=1800)
         ts.wait_compiled("llm", time.monotonic() + 3600)  # ready at once; measured once compiled
-        url = f"{ts.inference_url}/predictions/llm/1.0/v1/completions"
-        runs = measure("ours", precision, url, ts.headers(), args)
-        (worker,) = ts.client("llm").describe().workers
-        rss = psutil.Process(int(worker.pid)).memory_info().rss
-        compiled = re.search(r"compiled steps loaded in the background in ([\d.]+) s", ts.model_log())
+        yield Server(f"{ts.inference_url}/predictions/llm/1.0/v1/completions", ts.headers(), describe)
     finally:
         ts.stop()
-    return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if gguf else None,
-            "worker_rss_bytes": rss, "compiled_after_s": float(compiled[1]) if compiled else None, "runs": runs}
-
-
-def sweep_llamacpp(precision: str, build: dict, ggufs: dict[str, Path], args, tmp: Path) -> dict:
-    """Every GGUF type of the precision's width, and which was fastest at each level."""
-    formats = {kind: sweep_format(kind, build, ggufs[kind], args, tmp) for kind in llamacpp.GGUF_TYPES[precision]}
-    return {"formats": formats, "fastest": fastest(formats, args.concurrency)}
 
 
 def fastest(formats: dict, concurrency: list[int]) -> dict[str, str | None]:
@@ -183,7 +235,8 @@ def fastest(formats: dict, concurrency: list[int]) -> dict[str, str | None]:
     return out
 
 
-def sweep_format(kind: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
+@contextlib.contextmanager
+def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iterator[Server]:
     server, note = start_llamacpp(kind, build, gguf, args, tmp), None
     if server is None:
         # Seen on Sapphire Rapids (2-core VM): every Q8_0 / Q4_1 model segfaults while ggml repacks
@@ -192,12 +245,13 @@ def sweep_format(kind: str, build: dict, gguf: Path, args, tmp: Path) -> dict:
         note = "llama-server crashed (SIGSEGV) loading the model with weight repacking on; measured with --no-repack"
         print(f"llama.cpp {kind}: {note}", flush=True)
         server = start_llamacpp(kind, build, gguf, args, tmp, extra=("--no-repack",))
+    assert server is not None
+    up = server
     try:
-        runs = measure("llama.cpp", kind, f"{server.url}/v1/completions", {}, args)
-        rss = psutil.Process(server.proc.pid).memory_info().rss
+        yield Server(f"{up.url}/v1/completions", {}, lambda: {
+            "gguf": gguf.name, "args": up.args, "note": note, "rss_bytes": psutil.Process(up.proc.pid).memory_info().rss})
     finally:
-        server.stop()
-    return {"gguf": gguf.name, "args": server.args, "note": note, "rss_bytes": rss, "runs": runs}
+        up.stop()
 
 
 def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path,
@@ -263,18 +317,15 @@ def main() -> None:
     pairs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions:
-            pairs[precision] = {}
-            if "ours" in args.systems:
-                gguf = ggufs.get(ours_gguf.get(precision, ""))
-                pairs[precision]["ours"] = sweep_ours(precision, checkpoint, gguf, args, Path(tmp))
-            if "llama.cpp" in args.systems:
-                pairs[precision]["llama.cpp"] = sweep_llamacpp(precision, build, ggufs, args, Path(tmp))
+            gguf = ggufs.get(ours_gguf.get(precision, ""))
+            pairs[precision] = sweep(precision, checkpoint, gguf, ggufs, build, args, Path(tmp))
     result = {"model": model.name, "ours_gguf": ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               **{key: handler_setting(args.handler_set, key) if args.batching == "continuous" else None
                  for key in ("continuous_call_ms", "continuous_step_ahead")},
-              "requests": args.requests, "llama_server_ctx": args.ctx, "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
+              "requests": args.requests, "rounds": args.rounds, "llama_server_ctx": args.ctx,
+              "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)
     plot(result, RESULTS / f"{args.out}.png")
@@ -329,6 +380,14 @@ def _call_ms(r: dict) -> str:
     return f" (`continuous_call_ms` {r['continuous_call_ms']:g}, `continuous_step_ahead` {r.get('continuous_step_ahead')})"
 
 
+def _rounds(r: dict) -> str:
+    rounds = r.get("rounds")
+    if not rounds:  # results from before the servers took turns
+        return "a fixed request count per level, one server at a time"
+    return (f"every server up at once, taking turns: each level in {rounds} rounds, every server loaded once a round "
+            "(order reversed every other round), the requests column counting all rounds")
+
+
 def markdown(r: dict, argv: str, out: str) -> str:
     rows, v, ll = [], r["versions"], r["llama_cpp"]
     for precision, label, side in sides(r):
@@ -358,8 +417,8 @@ CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on eve
 and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp \
 serves every GGUF type of the same width made from the same
 weights by `llama-quantize`, and each ratio is ours against the **fastest** of them at that concurrency. Both get the
-same streamed `/v1/completions` requests, one server at a time: greedy, {r['output_tokens']} tokens each
-(`ignore_eos`), prompts of 10-15 words, a fixed request count per level. TTFT = first streamed content, client side;
+same streamed `/v1/completions` requests: greedy, {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15
+words, {_rounds(r)}. TTFT = first streamed content, client side;
 the gap is between consecutive streamed chunks of one request, client side.
 *ours*: `--batching {r.get('batching', 'continuous')}`{_call_ms(r)}, {r['batch_size']} slots, `max_seq_len` {r['max_seq_len']}, compiled.
 *llama.cpp*: `llama-server -np {r['batch_size']} -c {r['llama_server_ctx']}` (parallel slots sharing one context),

@@ -1,5 +1,5 @@
-"""bench/peer.py's ratios (pure arithmetic) and its --handler-set reading, and the load client's reading
-of OpenAI server-sent events."""
+"""bench/peer.py's ratios (pure arithmetic), the order its servers take turns in and its --handler-set
+reading; the load client's reading of OpenAI server-sent events."""
 from __future__ import annotations
 
 import pytest
@@ -64,3 +64,22 @@ def test_handler_settings_read_their_values_as_yaml() -> None:
 def test_a_handler_setting_without_a_value_says_what_it_wants() -> None:
     with pytest.raises(SystemExit, match="--handler-set wants KEY=VALUE, got 'continuous_call_ms'"):
         peer.handler_settings(["continuous_call_ms"])
+
+
+def test_servers_take_turns_each_round_in_reversed_order_every_other_round() -> None:
+    keys = [("ours", "int4"), ("llama.cpp", "Q4_0"), ("llama.cpp", "Q4_1")]
+    order = peer.turns(keys, [1, 16], [32, 64], rounds=2)
+    assert order[:6] == [(1, 32, keys[0]), (1, 32, keys[1]), (1, 32, keys[2]),
+                         (1, 32, keys[2]), (1, 32, keys[1]), (1, 32, keys[0])]
+    assert [(c, n) for c, n, _ in order[6:]] == [(16, 64)] * 6
+
+
+def test_pooled_rounds_count_only_their_own_time() -> None:
+    def round_(start: float) -> list[load.Record]:  # 2 requests of 10 tokens over 1 s, starting at `start`
+        return [load.Record(i, start, first=start + 0.1, end=start + 1.0, status=200, completion_tokens=10,
+                            chunks=[start + 0.1, start + 0.5]) for i in range(2)]
+
+    records = round_(0.0) + round_(100.0)  # a 99 s gap between the rounds: other servers' turns
+    summary = load.summarize(records, duration=load.span(records[:2]) + load.span(records[2:]))
+    assert summary["output_tokens_per_s"] == pytest.approx(20.0)  # 40 tokens over 2 s, not over 101
+    assert summary["itl_p50_s"] == pytest.approx(0.4)
