@@ -245,11 +245,14 @@ def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iter
         note = "llama-server crashed (SIGSEGV) loading the model with weight repacking on; measured with --no-repack"
         print(f"llama.cpp {kind}: {note}", flush=True)
         server = start_llamacpp(kind, build, gguf, args, tmp, extra=("--no-repack",))
-    assert server is not None
+    assert server is not None  # with --no-repack a failed start raises
     up = server
+
+    def describe() -> dict:
+        return {"gguf": gguf.name, "args": up.args, "note": note, "rss_bytes": psutil.Process(up.proc.pid).memory_info().rss}
+
     try:
-        yield Server(f"{up.url}/v1/completions", {}, lambda: {
-            "gguf": gguf.name, "args": up.args, "note": note, "rss_bytes": psutil.Process(up.proc.pid).memory_info().rss})
+        yield Server(f"{up.url}/v1/completions", {}, describe)
     finally:
         up.stop()
 
