@@ -151,10 +151,15 @@ def measure_rounds(servers: dict[Key, Server], args) -> dict[Key, list[dict]]:
     return {key: [level_summary(key, c, rounds, args) for c, rounds in levels.items()] for key, levels in loads.items()}
 
 
-def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
+def pooled(rounds: list[list[Record]]) -> dict:
     """One level's rounds pooled: latencies over every request, tokens/s over the rounds' own time."""
     records = [r for one in rounds for r in one]
-    summary = {"concurrency": c, "rounds": len(rounds), **summarize(records, duration=sum(span(one) for one in rounds))}
+    return {"rounds": len(rounds), **summarize(records, duration=sum(span(one) for one in rounds))}
+
+
+def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
+    records = [r for one in rounds for r in one]
+    summary = {"concurrency": c, **pooled(rounds)}
     summary["tokens_per_request"] = summary["output_tokens"] / max(summary["requests"] - summary["errors"], 1)
     system, label = key
     (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
@@ -246,15 +251,15 @@ def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iter
         print(f"llama.cpp {kind}: {note}", flush=True)
         server = start_llamacpp(kind, build, gguf, args, tmp, extra=("--no-repack",))
     assert server is not None  # with --no-repack a failed start raises
-    up = server
 
     def describe() -> dict:
-        return {"gguf": gguf.name, "args": up.args, "note": note, "rss_bytes": psutil.Process(up.proc.pid).memory_info().rss}
+        return {"gguf": gguf.name, "args": server.args, "note": note,
+                "rss_bytes": psutil.Process(server.proc.pid).memory_info().rss}
 
     try:
-        yield Server(f"{up.url}/v1/completions", {}, describe)
+        yield Server(f"{server.url}/v1/completions", {}, describe)
     finally:
-        up.stop()
+        server.stop()
 
 
 def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path,
@@ -384,11 +389,8 @@ def _call_ms(r: dict) -> str:
 
 
 def _rounds(r: dict) -> str:
-    rounds = r.get("rounds")
-    if not rounds:  # results from before the servers took turns
-        return "a fixed request count per level, one server at a time"
-    return (f"every server up at once, taking turns: each level in {rounds} rounds, every server loaded once a round "
-            "(order reversed every other round), the requests column counting all rounds")
+    return (f"every server up at once, taking turns: each level in {r['rounds']} rounds, every server loaded once a "
+            "round (order reversed every other round), the requests column counting all rounds")
 
 
 def markdown(r: dict, argv: str, out: str) -> str:
