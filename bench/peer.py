@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -66,6 +67,8 @@ def parse_args(argv: list[str] | None = None):
                    help="requests per concurrency level (32 at one client: a few slow requests on a shared host move 8 a lot)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds a level: every server takes the level's requests once a round, in turn")
+    p.add_argument("--warmup-s", type=float, default=60,
+                   help="seconds of unrecorded 1-client requests each server takes before the rounds (see warm_up)")
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="ours' batchSize and llama-server's -np (parallel slots)")
     p.add_argument("--batching", choices=["continuous", "async"], default="continuous",
@@ -90,7 +93,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def add_ours_options(p: argparse.ArgumentParser) -> None:
-    """What sweep_ours reads beyond the load's own options (bench/modes.py shares them)."""
+    """What ours_server reads beyond the load's own options (bench/modes.py shares them)."""
     p.add_argument("--max-batch-delay-ms", **flag(ServingOptions, "max_batch_delay_ms"), help="ours' maxBatchDelay")
     p.add_argument("--handler-set", metavar="KEY=VALUE", action="append", default=[],
                    help="another key of ours' handler: section (a YAML value), e.g. continuous_call_ms=0; repeatable")
@@ -144,11 +147,28 @@ def measure_rounds(servers: dict[Key, Server], args) -> dict[Key, list[dict]]:
     # sent on one it just closed fails (RemoteDisconnected) without ever reaching it.
     headers = {key: {**server.headers, "Connection": "close"} for key, server in servers.items()}
     for key, server in servers.items():
-        run_load(server.url, headers[key], bodies(2, args), 1, stream=True)  # warm-up, not recorded
+        warm_up(functools.partial(run_load, server.url, headers[key], bodies(WARMUP_BATCH, args), 1, stream=True),
+                args.warmup_s)
     loads: dict[Key, dict[int, list[list[Record]]]] = {key: {c: [] for c in args.concurrency} for key in servers}
     for c, n, key in turns(list(servers), args.concurrency, args.requests, args.rounds):
         loads[key][c].append(run_load(servers[key].url, headers[key], bodies(n, args), c, stream=True))
     return {key: [level_summary(key, c, rounds, args) for c, rounds in levels.items()] for key, levels in loads.items()}
+
+
+WARMUP_BATCH = 2  # requests a warm-up send makes
+
+
+def warm_up(send: Callable[[], object], seconds: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """Calls `send` (WARMUP_BATCH unrecorded 1-client requests) until `seconds` have passed, once at
+    least; how many requests were sent. Ours' frontend is a JVM: its JIT needs several thousand
+    calls (a call a token at 1 client) to reach its steady speed, and until then it takes 2-3x the
+    CPU a token that it takes warm, on the cores the engine needs. Every server gets the same
+    warm-up, so both sides are measured as they serve once up a minute (docs/benchmarks.md, "Warm-up")."""
+    deadline, sent = clock() + seconds, 0
+    while sent == 0 or clock() < deadline:
+        send()
+        sent += WARMUP_BATCH
+    return sent
 
 
 def pooled(rounds: list[list[Record]]) -> dict:
@@ -332,7 +352,7 @@ def main() -> None:
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               **{key: handler_setting(args.handler_set, key) if args.batching == "continuous" else None
                  for key in ("continuous_call_ms", "continuous_step_ahead")},
-              "requests": args.requests, "rounds": args.rounds, "llama_server_ctx": args.ctx,
+              "requests": args.requests, "rounds": args.rounds, "warmup_s": args.warmup_s, "llama_server_ctx": args.ctx,
               "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **ratios(pairs, args.concurrency), "pairs": pairs}
     write_json(f"{args.out}.json", result)
@@ -390,7 +410,8 @@ def _call_ms(r: dict) -> str:
 
 def _rounds(r: dict) -> str:
     return (f"every server up at once, taking turns: each level in {r['rounds']} rounds, every server loaded once a "
-            "round (order reversed every other round), the requests column counting all rounds")
+            "round (order reversed every other round), the requests column counting all rounds; before the rounds "
+            f"each server took {r['warmup_s']:g} s of unrecorded 1-client requests (warm_up)")
 
 
 def markdown(r: dict, argv: str, out: str) -> str:

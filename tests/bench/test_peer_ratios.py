@@ -1,5 +1,5 @@
 """bench/peer.py's ratios (pure arithmetic), the order its servers take turns in and its --handler-set
-reading; the load client's reading of OpenAI server-sent events."""
+reading, its warm-up loop; the load client's reading of OpenAI server-sent events."""
 from __future__ import annotations
 
 import pytest
@@ -83,3 +83,20 @@ def test_pooled_rounds_count_only_their_own_time() -> None:
     assert summary["rounds"] == 2 and summary["requests"] == 4
     assert summary["output_tokens_per_s"] == pytest.approx(20.0)  # 40 tokens over 2 s, not over 101
     assert summary["itl_p50_s"] == pytest.approx(0.4)
+
+
+def test_warm_up_sends_until_its_time_has_passed() -> None:
+    now, sends = [0.0], []
+
+    def send() -> None:
+        sends.append(now[0])
+        now[0] += 25.0  # each send takes 25 s of the clock
+
+    assert peer.warm_up(send, 60, clock=lambda: now[0]) == 3 * peer.WARMUP_BATCH
+    assert sends == [0.0, 25.0, 50.0]
+
+
+def test_warm_up_sends_once_even_without_time() -> None:
+    sends = []
+    assert peer.warm_up(lambda: sends.append(1), 0, clock=lambda: 0.0) == peer.WARMUP_BATCH
+    assert sends == [1]
