@@ -289,7 +289,10 @@ class Engine:
         logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
         for s in seqs:
             self._cache.extend(s.slot, [s.last_token])
-        return logits[torch.tensor([s.slot for s in seqs], device=logits.device)]
+        slots = [s.slot for s in seqs]
+        if slots == list(range(n)):
+            return logits  # every row is a running sequence's, in order: the graph's output is this step's own
+        return logits[torch.tensor(slots, device=logits.device)]
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
         # logits: [len(seqs), V], this step's own copy (indexed out of the graph's output)

@@ -30,6 +30,7 @@ from torch import Tensor
 from handler.engine import EngineError
 from handler.engine.compiled import cpp_cache
 from handler.engine.compiled.compile_progress import CompileProgress
+from handler.engine.compiled.flat_call import FlatCall, record
 from handler.engine.compiled.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
 from handler.engine.config import EngineConfig
 from handler.engine.model import Transformer
@@ -66,6 +67,9 @@ class CompiledStep:
         # Checking a graph's guards costs ~0.8 ms (every weight's metadata), 5% of a batch-1
         # decode step; the answer depends only on the arguments' metadata (the model is fixed).
         self._matched: dict[tuple[Any, ...], Any] = {}
+        # The same signature also fixes each graph's flat inputs: called flat, a step skips the
+        # bytecode that gathers them (handler.engine.compiled.flat_call). None: recorded, not placeable.
+        self._flat: dict[tuple[Any, ...], FlatCall | None] = {}
         for graph in graphs or []:
             self.add(graph)
 
@@ -74,9 +78,11 @@ class CompiledStep:
         graph.disable_guard_check()
         self.graphs.append(graph)
 
-    @torch.no_grad()  # grad mode is guarded too: the graphs were captured without grad
     def match(self, *args: Any) -> Any | None:
-        signature = _signature(args)
+        return self._match(_signature(args), args)
+
+    @torch.no_grad()  # grad mode is guarded too: the graphs were captured without grad
+    def _match(self, signature: tuple[Any, ...], args: tuple[Any, ...]) -> Any | None:
         graph = self._matched.get(signature)
         if graph is None:
             graph = next((g for g in self.graphs if g.guard_check(self.model, *args)), None)
@@ -86,11 +92,25 @@ class CompiledStep:
 
     @torch.no_grad()
     def __call__(self, *args: Any) -> Tensor:
-        graph = self.match(*args)
+        signature = _signature(args)
+        flat = self._flat.get(signature)
+        if flat is not None:
+            return flat(args)
+        graph = self._match(signature, args)
         if graph is None:
             raise NoMatchingGraph(f"{self.step}: no compiled graph accepts shapes ({_describe(args)}); "
                                   f"the first one says: {self._first_reason(args)}")
-        return graph(self.model, *args)
+        if signature in self._flat:
+            return graph(self.model, *args)
+        result, self._flat[signature] = record(graph, self.model, args)
+        if self._flat[signature] is None:
+            log.warning("%s: the graph for shapes (%s) is called through its bytecode (~0.3 ms a step slower): "
+                        "its inputs cannot all be placed", self.step, _describe(args))
+        return result
+
+    def called_flat(self, *args: Any) -> bool:
+        """Whether calls with these arguments' signature skip the graph's bytecode (after a first call)."""
+        return self._flat.get(_signature(args)) is not None
 
     def _first_reason(self, args: tuple[Any, ...]) -> str:
         if not self.graphs:

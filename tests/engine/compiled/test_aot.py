@@ -185,6 +185,23 @@ def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
         assert decode.match(*shapes.example_args("decode", shapes.Shape(batch, 64), cpu)) is decode.graphs[1]
 
 
+@pytest.mark.parametrize(("name", "shape"), [("decode", shapes.Shape(1, 64)), ("decode", shapes.Shape(3, 64)),
+                                           ("prefill", shapes.Shape(2, 16, 64))])
+def test_steps_are_called_flat_with_their_bytecode_s_results(loaded, name, shape):
+    """After a first call, a step skips the bytecode that gathers its inputs (flat_call), and
+    returns what the bytecode returns."""
+    step = getattr(loaded.steps, name)
+    first = shapes.example_args(name, shape, torch.device("cpu"))
+    step(*first)
+    assert step.called_flat(*first)
+    # Same shapes, other tokens: the flat call must use this call's tensors, not the first call's.
+    args = (torch.randint_like(first[0], 0, 200, generator=torch.Generator().manual_seed(0)), *first[1:])
+    with torch.no_grad():
+        through_bytecode = step.match(*args)(step.model, *args)
+    assert torch.equal(step(*args), through_bytecode)
+    assert not torch.equal(through_bytecode, step(*first))
+
+
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
     """A replacement worker: empty Inductor cache, only the restored artifact."""
     out, stderr = run_worker(cfg, cold[1], tmp_path / "inductor")
