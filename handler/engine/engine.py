@@ -295,7 +295,7 @@ class Engine:
         return logits[torch.tensor(slots, device=logits.device)]
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
-        # logits: [len(seqs), V], this step's own copy (indexed out of the graph's output)
+        # logits: [len(seqs), V], this step's own (the graph's output, or its rows indexed out of it)
         for row, s in enumerate(seqs):
             if s.controls is not None:
                 s.controls.apply(logits[row])
