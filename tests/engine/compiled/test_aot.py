@@ -202,6 +202,17 @@ def test_steps_are_called_flat_with_their_bytecode_s_results(loaded, name, shape
     assert not torch.equal(through_bytecode, step(*first))
 
 
+def test_a_graph_whose_inputs_cannot_be_placed_keeps_its_bytecode_and_says_so(loaded, monkeypatch, caplog):
+    decode = loaded.steps.decode
+    step = aot.CompiledStep(decode.model, "decode", decode.graphs)
+    monkeypatch.setattr(aot, "record", lambda graph, model, args: (graph(model, *args), None))  # recording gives up
+    args = shapes.example_args("decode", shapes.Shape(1, 64), torch.device("cpu"))
+    first = step(*args)
+    assert not step.called_flat(*args)
+    assert "decode: the graph for shapes" in caplog.text and "called through its bytecode" in caplog.text
+    assert torch.equal(step(*args), first)
+
+
 def test_artifact_loads_in_a_fresh_process_without_tracing(cold, cfg, tmp_path):
     """A replacement worker: empty Inductor cache, only the restored artifact."""
     out, stderr = run_worker(cfg, cold[1], tmp_path / "inductor")
