@@ -17,9 +17,10 @@ class ServingOptions:
     batching: Literal["continuous", "async", "dynamic"] = "continuous"
     batch_size: int = 16  # requests decoded together (continuous, async) or one batch's size (dynamic)
     # What a request that finds the worker idle waits for others to share its first call (under
-    # load the frontend adds arrivals without waiting). 2, not 10: a lone request's first token
-    # came 10 ms later; arrivals a call apart share decode steps anyway (docs/benchmarks.md).
-    max_batch_delay_ms: int = 2
+    # load the frontend adds arrivals without waiting). 1, not 10: a lone request's first token
+    # came 10 ms later; arrivals a call apart share decode steps anyway (docs/benchmarks.md). Not 0:
+    # measured, a lone request's first token then came ~0.1 s later.
+    max_batch_delay_ms: int = 1
     workers: int = 1
     response_timeout_s: int = 600
     startup_timeout_s: int = 900  # compile (cold) happens inside the worker's load

@@ -11,8 +11,10 @@ from handler.serving.step_thread import StepThread
 # Calls in a row that admit and finish no request before steps run ahead again. A step run ahead
 # cannot hold a request still in the frontend's queue, whose first token then comes a step later:
 # while requests come and go (a finish brings a client's next request, or a waiting one), each
-# call runs its own step, which holds the requests it brings.
-QUIET_CALLS = 2
+# call runs its own step, which holds the requests it brings. 1, not 2: at 1 client the second
+# synchronous call cost every request a round trip (ad hoc A/B, docs/benchmarks.md), and 16
+# clients' first tokens came as soon.
+QUIET_CALLS = 1
 
 
 class ContinuousService(BaseService):
