@@ -212,15 +212,9 @@ def converter(build: dict) -> Path:
     return script
 
 
-# Files for ours that llama-quantize makes with options: its Q4_0 keeps the embedding (the tied
-# head) in Q6_K, which ours does not read (yet); this one keeps it in Q8_0 (more bytes a step).
-VARIANTS = {"Q4_0-Q8_0-embedding": (("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"), "Q4_0")}
-
-
 def _quantize(build: dict, source: Path, path: Path, kind: str) -> None:
-    options, ftype = VARIANTS.get(kind, ((), kind))
     print(f"llama-quantize {source.name} -> {kind}", flush=True)
-    _write(lambda out: [build["binaries"]["llama-quantize"], "--allow-requantize", *options, str(source), str(out), ftype],
+    _write(lambda out: [build["binaries"]["llama-quantize"], "--allow-requantize", str(source), str(out), kind],
            path)
 
 

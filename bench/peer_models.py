@@ -28,9 +28,8 @@ MODELS = {m.key: m for m in (
     # int4: the file llama.cpp's fastest 4-bit run serves (Q4_0, its embedding in Q8_0: 576 columns
     # are no whole k-quant super-block); ./serve.sh serves the shipped Q4_1 (peer.py --ours-int4 Q4_1)
     PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_0"}),
-    # no shipped file: ours takes the 4-bit type a llama.cpp user would pick (the same int4 kernels),
-    # its embedding (the tied head) in Q8_0 where llama.cpp's Q4_0 has Q6_K (peer_llamacpp.VARIANTS)
-    PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0-Q8_0-embedding"}),
+    # no shipped file: ours serves the very Q4_0 file llama.cpp serves (its tied head in Q6_K)
+    PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0"}),
 )}
 
 ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
