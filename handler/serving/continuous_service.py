@@ -15,6 +15,12 @@ from handler.serving.step_thread import StepThread
 # synchronous call cost every request a round trip (ad hoc A/B, docs/benchmarks.md), and 16
 # clients' first tokens came as soon.
 QUIET_CALLS = 1
+# A call that admits requests into an idle engine (a lone client's next request, a burst's first)
+# starts the next step ahead too, but this long after its replies: the first token's way out
+# (worker, frontend, client) needs the cores the step's threads would take. At once, the first
+# token came ~2 ms later; after 1 ms, the second token comes ~1 ms sooner than a round trip
+# would let it, the first as soon (ad hoc A/B at 1 client, docs/benchmarks.md).
+FRESH_START_DELAY = 0.001
 
 
 class ContinuousService(BaseService):
@@ -22,7 +28,8 @@ class ContinuousService(BaseService):
     next step runs on a thread of its own (handler.serving.step_thread) and the next call is
     answered with it: a token a step, no round trip in between, once QUIET_CALLS calls in a row
     admitted and finished nothing (until then each call runs its own step, which holds the requests
-    it admits). A request that call no longer carries is cancelled then. `call_seconds`:
+    it admits), or right after a call that admitted requests into an idle engine (FRESH_START_DELAY).
+    A request that call no longer carries is cancelled then. `call_seconds`:
     how long one call may go on stepping while every request in it goes on (0: one step a call;
     `_steps_for_this_call`): fewer round trips, tokens streamed a few at a time."""
 
@@ -34,6 +41,7 @@ class ContinuousService(BaseService):
 
     def handle(self, batch: list[Incoming]) -> list[Reply]:
         ahead = self._steps.wait() if self._steps else None  # the step run since the last reply
+        was_idle = not self.engine.running  # before this call's admissions
         present = {inc.request_id for inc in batch}
         for gone in [rid for rid in self.live if rid not in present]:  # its client went away or timed out
             self.engine.cancel(gone)
@@ -55,8 +63,9 @@ class ContinuousService(BaseService):
         replies = [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
         quiet = not arrived and all(r.more is True for r in replies)
         self._quiet_calls = self._quiet_calls + 1 if quiet else 0
-        if self._steps and self.engine.running and not self.cutting() and self._quiet_calls >= QUIET_CALLS:
-            self._steps.start(super()._step)
+        fresh = arrived and was_idle and all(r.more is True for r in replies)
+        if self._steps and self.engine.running and not self.cutting() and (fresh or self._quiet_calls >= QUIET_CALLS):
+            self._steps.start(super()._step, delay=FRESH_START_DELAY if fresh else 0.0)
         return replies
 
     def _step(self) -> list[StepOutput]:

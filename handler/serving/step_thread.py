@@ -5,6 +5,7 @@ engine's OpenMP parallel regions always start from the same pool of workers
 (handler.serving.openmp)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -26,12 +27,18 @@ class StepThread:
         """`step` on the thread, waited for (after any step started ahead)."""
         return self._pool.submit(step).result()
 
-    def start(self, step: Callable[[], T]) -> None:
-        """`step` on the thread, not waited for: wait() takes its result."""
+    def start(self, step: Callable[[], T], delay: float = 0.0) -> None:
+        """`step` on the thread, `delay` seconds from now, not waited for: wait() takes its result."""
         assert self._ahead is None, "a step is already running ahead"
-        self._ahead = self._pool.submit(step)
+        self._ahead = self._pool.submit(_after, delay, step)
 
     def wait(self) -> T | None:
         """The result of the step started ahead (its exception raised here), None if none was."""
         ahead, self._ahead = self._ahead, None
         return None if ahead is None else ahead.result()
+
+
+def _after(delay: float, step: Callable[[], T]) -> T:
+    if delay > 0:
+        time.sleep(delay)
+    return step()

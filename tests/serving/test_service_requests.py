@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from handler.serving.continuous_service import QUIET_CALLS, ContinuousService
+from handler.serving import step_thread
+from handler.serving.continuous_service import FRESH_START_DELAY, QUIET_CALLS, ContinuousService
 from handler.serving.protocol import Limits
 from handler.serving.service import DynamicService, Incoming, Reply
 from tests.support.recording_sink import RecordingSink
@@ -330,6 +331,25 @@ def test_steps_run_ahead_again_after_calls_that_admit_and_finish_nothing():
     service.handle([Incoming("a", None, True)])
     service._steps._ahead.result()
     assert len(steps) == QUIET_CALLS + 1, "a step each call, then one run ahead"
+
+
+def test_an_arrival_into_an_idle_engine_starts_the_next_step_ahead_after_a_pause(monkeypatch):
+    pauses = []
+    monkeypatch.setattr(step_thread.time, "sleep", pauses.append)
+    service = ahead()
+    [reply] = service.handle([Incoming("a", req("a", n=4, stream=True), True)])
+    assert [p["text"] for p in ndjson([reply])] == ["b"]
+    service._steps._ahead.result()
+    assert pauses == [FRESH_START_DELAY]
+    [reply] = service.handle([Incoming("a", None, True)])
+    assert [p["text"] for p in ndjson([reply])] == ["c"], "answered with the step run ahead"
+
+
+def test_an_arrival_beside_a_running_request_starts_no_step_ahead():
+    service = ahead()
+    service.handle([Incoming("a", req("a", n=20, stream=True), True)])
+    service.handle([Incoming("a", None, True), Incoming("b", req("k", n=3, stream=True), True)])
+    assert service._steps._ahead is None, "the next call may bring more requests: its own step holds them"
 
 
 def quiet_ahead() -> ContinuousService:
