@@ -61,9 +61,9 @@ class ContinuousService(BaseService):
                   for i in batch if i.request_id in self.live):
             self._step()
         replies = [refused.get(inc.request_id) or self._reply(inc.request_id) for inc in batch]
-        quiet = not arrived and all(r.more is True for r in replies)
-        self._quiet_calls = self._quiet_calls + 1 if quiet else 0
-        fresh = arrived and was_idle and all(r.more is True for r in replies)
+        going_on = all(r.more is True for r in replies)
+        self._quiet_calls = self._quiet_calls + 1 if going_on and not arrived else 0
+        fresh = going_on and arrived and was_idle
         if self._steps and self.engine.running and not self.cutting() and (fresh or self._quiet_calls >= QUIET_CALLS):
             self._steps.start(super()._step, delay=FRESH_START_DELAY if fresh else 0.0)
         return replies

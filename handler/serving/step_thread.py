@@ -5,9 +5,9 @@ engine's OpenMP parallel regions always start from the same pool of workers
 (handler.serving.openmp)."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from time import sleep
 from typing import TypeVar
 
 from handler.serving import openmp
@@ -40,5 +40,5 @@ class StepThread:
 
 def _after(delay: float, step: Callable[[], T]) -> T:
     if delay > 0:
-        time.sleep(delay)
+        sleep(delay)
     return step()

@@ -335,7 +335,7 @@ def test_steps_run_ahead_again_after_calls_that_admit_and_finish_nothing():
 
 def test_an_arrival_into_an_idle_engine_starts_the_next_step_ahead_after_a_pause(monkeypatch):
     pauses = []
-    monkeypatch.setattr(step_thread.time, "sleep", pauses.append)
+    monkeypatch.setattr(step_thread, "sleep", pauses.append)  # this module's pause only
     service = ahead()
     [reply] = service.handle([Incoming("a", req("a", n=4, stream=True), True)])
     assert [p["text"] for p in ndjson([reply])] == ["b"]
