@@ -20,6 +20,7 @@ with `-march=native`. So the project decides here, once per process, and every p
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import functools
 import os
@@ -67,10 +68,13 @@ _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 # int8 dot products in one instruction (vpdpbusd): Cascade Lake, Ice Lake, Zen 4, Sapphire Rapids
 _VNNI = (("avx512_vnni", "avx512vnni"),)
+# int8 tile products (kernels/amx.c): Sapphire Rapids and later
+_AMX_INT8 = (("amx_tile", "amx-tile"), ("amx_int8", "amx-int8"))
+_TILE_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
 # Best first: a CPU gets the first profile whose features it has.
 PROFILES: tuple[Profile, ...] = (
     Profile("avx512_amx", "x86_64", _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
-            "x86-64-v4", True, kernel_extras=_VNNI),
+            "x86-64-v4", True, kernel_extras=_VNNI + _AMX_INT8),
     Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512",
             _VNNI),
     Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512", _VNNI),
@@ -120,6 +124,8 @@ def detect(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None,
     environ = os.environ if environ is None else environ
     machine = _normalized_machine(machine or _platform.machine())
     features = cpu_features(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    if cpuinfo is None and features & _TILE_FLAGS and not _tiles_granted():
+        features -= _TILE_FLAGS  # the CPU has tiles but this process may not use them
     usable = usable_profiles(machine, features)
     if not usable:
         raise PlatformError(f"no CPU profile for {machine!r}: this package runs on x86_64 and aarch64")
@@ -143,6 +149,16 @@ def usable_profiles(machine: str, features: frozenset[str]) -> list[Profile]:
 
 def _normalized_machine(machine: str) -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
+
+
+@functools.cache
+def _tiles_granted() -> bool:
+    """Ask Linux for AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA; since 5.16): a
+    process that uses tiles without it is killed. Granted once, for every thread of the process."""
+    if _normalized_machine(_platform.machine()) != "x86_64" or not sys.platform.startswith("linux"):
+        return False
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
 
 
 def _read_cpuinfo() -> str:

@@ -150,10 +150,21 @@ def test_this_machine_has_a_profile_and_torch_agrees_with_it():
 
 
 @pytest.mark.parametrize("cpuinfo,forced,targets", [
-    (ZEN4, None, ("avx512vnni",)), (SAPPHIRE_RAPIDS, None, ("avx512vnni",)), (ICE_LAKE, None, ("avx512vnni",)),
+    (ZEN4, None, ("avx512vnni",)), (ICE_LAKE, None, ("avx512vnni",)),
+    (SAPPHIRE_RAPIDS, None, ("avx512vnni", "amx-tile", "amx-int8")),
+    (SAPPHIRE_RAPIDS, "avx512_bf16", ("avx512vnni",)),  # tiles belong to the AMX profile alone
     (ICE_LAKE.replace(" avx512_vnni", ""), None, ()),  # Skylake-SP: AVX-512 without VNNI
     (ZEN4, "avx2", ()), (ZEN3, None, ()),  # a forced lower profile adds nothing its CPUs may lack
 ])
-def test_the_kernels_take_vnni_where_the_cpu_has_it_and_the_profile_allows(cpuinfo, forced, targets):
+def test_the_kernels_take_vnni_and_tiles_where_the_cpu_has_them_and_the_profile_allows(cpuinfo, forced, targets):
     environ = {PROFILE_ENV: forced} if forced else {}
     assert detect(environ, cpuinfo, "x86_64").kernel_targets == targets
+
+
+@pytest.mark.parametrize("granted,profile", [(True, "avx512_amx"), (False, "avx512_bf16")])
+def test_amx_is_used_only_where_linux_grants_this_process_tiles(monkeypatch, granted, profile):
+    # a kernel before 5.16 (or a hypervisor) can list the flags and still refuse the tile state
+    monkeypatch.setattr(platform, "_read_cpuinfo", lambda: SAPPHIRE_RAPIDS)
+    monkeypatch.setattr(platform, "_tiles_granted", lambda: granted)
+    plat = detect({}, None, "x86_64")
+    assert plat.profile.name == profile and ("amx-int8" in plat.kernel_targets) == granted

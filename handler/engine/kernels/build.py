@@ -1,4 +1,4 @@
-"""The CPU kernels (quantized.c, kquant.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built
+"""The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built
 and loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
 ts_llm::quantized_linear, ts_llm::kquant_linear and ts_llm::bf16_linear (their schemas may be
 defined before or after).
@@ -9,6 +9,7 @@ against torch's stable ABI, whose headers are light) lands in Inductor's kernel 
 source and flags, and is reused from there."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import time
@@ -18,7 +19,8 @@ from handler.engine import EngineError
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized.c", "kquant.c", "matvec.c", "torch_op.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
 
 
 class KernelBuildError(EngineError, RuntimeError):
@@ -26,17 +28,26 @@ class KernelBuildError(EngineError, RuntimeError):
 
 
 def source(targets: tuple[str, ...]) -> str:
-    """The kernels' translation unit; quantized.c and kquant.c get `targets` (GCC target features the CPU
-    has beyond the profile's -march, e.g. avx512vnni) and no other file does."""
-    quantized, kquant, *rest = (p.read_text() for p in SOURCES)
-    quantized += "\n" + kquant
+    """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
+    the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
+    quantized, amx, kquant, *rest = (p.read_text() for p in SOURCES)
+    quantized = "\n".join([quantized, amx, kquant])
     if targets:
-        quantized = f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{quantized}\n#pragma GCC pop_options\n'
+        # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
+        # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
+        defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
+        quantized = (f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{defines}{quantized}\n'
+                     "#pragma GCC pop_options\n")
     return "\n".join([quantized, *rest])
 
 
+def target_macro(target: str) -> str:
+    """The macro the kernels test for a GCC target feature: avx512vnni -> TS_LLM_TARGET_AVX512VNNI."""
+    return "TS_LLM_TARGET_" + target.upper().replace("-", "_")
+
+
 @functools.cache
-def load() -> None:
+def load() -> ctypes.CDLL:
     """Build (or find in the cache) and load the kernels: from then on the ops run on CPU tensors
     (their wrappers and fakes call this; so does preparing a model whose graphs will)."""
     from torch._inductor.codecache import CppCodeCache
@@ -47,7 +58,16 @@ def load() -> None:
     start = time.perf_counter()
     try:
         # needs_vec_isa: the profile's vector ISA flags
-        CppCodeCache.load(source(plat.kernel_targets), needs_vec_isa=True)
+        library = CppCodeCache.load(source(plat.kernel_targets), needs_vec_isa=True)
     except Exception as err:  # Inductor raises its own CppCompileError (and OSError without a compiler)
         raise KernelBuildError(f"building the CPU kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
-    log.info("CPU kernels loaded in %.1f s", time.perf_counter() - start)
+    log.info("CPU kernels loaded in %.1f s; quantized products: %s", time.perf_counter() - start,
+             ", ".join(quantized_paths(library)) or "plain vector instructions")
+    return library
+
+
+def quantized_paths(library: ctypes.CDLL | None = None) -> tuple[str, ...]:
+    """What the quantized kernels were built with beyond the profile's vectors: "vnni" (one-instruction
+    int8 dot products), "amx" (AMX-INT8 tiles, from amx.c's row count up)."""
+    bits = (library or load()).ts_llm_quantized_paths()
+    return tuple(name for bit, name in ((1, "vnni"), (2, "amx")) if bits & bit)

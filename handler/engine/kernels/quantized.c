@@ -182,7 +182,7 @@ static inline Block load_block(int bits, const uint8_t *blk) {
     return w;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
 /* VNNI (build.py adds it where the CPU has it): vpdpbusd does the same unsigned x signed byte
  * products and adds each lane's 4 into its int32 in one instruction. Four sums, added at the end:
  * one accumulator would chain 8 of them (latency ~4 cycles each) and halve their throughput. */
@@ -309,12 +309,42 @@ static void linear(int bits, const RoundedTile *x, const uint8_t *q, const uint1
 
 /* ---- entry point -------------------------------------------------------------------------- */
 
+#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+/* amx.c (build.py appends it to this file): the same products on AMX tiles, from this many x rows
+ * (fewer: a tile would hold mostly zeros; measured in docs/benchmarks.md) */
+#define AMX_MIN_ROWS 8
+static void tiles_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
+                         int64_t M, int64_t N, int64_t K, int64_t G, int threads);
+#endif
+
+/* The paths this build has (bits: 1 VNNI dot products, 2 AMX tiles), for build.py to report and
+ * the tests to hold to the platform's targets. */
+#ifdef __cplusplus
+extern "C"
+#endif
+int ts_llm_quantized_paths(void) {
+    int paths = 0;
+#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
+    paths |= 1;
+#endif
+#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+    paths |= 2;
+#endif
+    return paths;
+}
+
 /* bits 8 or 4; m NULL for int8 and for int4 stored as d * (q - 8). x [M, K], y [M, N], both float32 and contiguous; N % 8 == 0. */
 #ifdef __cplusplus
 extern "C"
 #endif
 void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
                              float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
+#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+    if (M >= AMX_MIN_ROWS) {
+        tiles_linear(bits, x, q, d, m, y, M, N, K, G, threads);
+        return;
+    }
+#endif
     RoundedTile *tiles = round_tiles(x, M, K);
     linear(bits, tiles, q, d, m, y, M, N, K, G, threads);
     free(tiles);

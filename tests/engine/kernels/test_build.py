@@ -22,14 +22,27 @@ def test_a_missing_compiler_is_a_kernel_build_error(tmp_path):
     # a fresh Inductor cache (nothing built to find) and a compiler that is not there
     env = {**os.environ, "CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     run = subprocess.run([sys.executable, "-c", LOAD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert "KernelBuildError: building the CPU kernels (quantized.c, kquant.c, matvec.c, torch_op.cpp) failed" in run.stdout, \
+    assert "KernelBuildError: building the CPU kernels (quantized.c, amx.c, kquant.c, matvec.c, torch_op.cpp) failed" in run.stdout, \
         run.stdout + run.stderr
 
 
 def test_extra_targets_apply_to_the_quantized_kernels_alone():
     from handler.engine.kernels import build
 
-    source = build.source(("avx512vnni",))
-    begin, end = source.index('#pragma GCC target("avx512vnni")'), source.index("#pragma GCC pop_options")
-    assert "ts_llm_quantized_linear" in source[begin:end] and "ts_llm_bf16_linear(" not in source[begin:end]
-    assert "#pragma GCC target" not in build.source(())
+    source = build.source(("avx512vnni", "amx-int8"))
+    begin, end = source.index('#pragma GCC target("avx512vnni,amx-int8")'), source.index("#pragma GCC pop_options")
+    region = source[begin:end]
+    assert "ts_llm_quantized_linear" in region and "tiles_linear(" in region and "ts_llm_bf16_linear(" not in region
+    assert "#define TS_LLM_TARGET_AVX512VNNI 1" in region and "#define TS_LLM_TARGET_AMX_INT8 1" in region
+    assert "#pragma GCC target" not in build.source(()) and "#define TS_LLM_TARGET" not in build.source(())
+
+
+def test_the_quantized_kernels_take_every_path_the_platform_targets():
+    # g++ takes a target pragma's instructions without defining its feature macros (__AVX512VNNI__),
+    # so code that tested those compiled the slower path silently; the build reports what it has
+    from handler.engine import platform
+    from handler.engine.kernels import build
+
+    targets = platform.current().kernel_targets
+    assert build.quantized_paths() == tuple(path for path, target in (("vnni", "avx512vnni"), ("amx", "amx-int8"))
+                                            if target in targets)

@@ -50,7 +50,7 @@ def test_matches_dequantized_product(bits, n, k, rows):
 @pytest.mark.parametrize("group", [64, 96])
 def test_int4_groups_wider_than_a_block(group, bits):
     w = _weights(bits, 16, 192, group)
-    for rows in (1, 4):
+    for rows in (1, 4, 16):
         x = torch.randn(rows, 192)
         _check(ops.quantized_linear(x, w), x, w)
 
@@ -124,10 +124,13 @@ def test_many_rows_read_the_quantized_bytes_too():
 
 
 @pytest.mark.parametrize("bits", [8, 4, "4c"])
-def test_a_row_gets_the_same_result_in_any_batch(bits):
-    w = _weights(bits, 64, 1536, 32)  # several row-group chunks
-    x = torch.randn(7, 1536)
-    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(7)])
+@pytest.mark.parametrize("n,rows", [(64, 7), (64, 37), (40, 21)])
+def test_a_row_gets_the_same_result_in_any_batch(bits, n, rows):
+    # 37 rows: two full tiles of 16 where the CPU has AMX and one of 5; 40 weight rows: 5 row groups,
+    # the last one without a partner
+    w = _weights(bits, n, 1536, 32)  # several row-group chunks
+    x = torch.randn(rows, 1536)
+    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(rows)])
     assert torch.equal(ops.quantized_linear(x, w), alone)
 
 
