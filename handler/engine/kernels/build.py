@@ -30,15 +30,19 @@ class KernelBuildError(EngineError, RuntimeError):
 def source(targets: tuple[str, ...]) -> str:
     """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
     the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
-    quantized, amx, kquant, *rest = (p.read_text() for p in SOURCES)
-    quantized = "\n".join([quantized, amx, kquant])
-    if targets:
-        # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
-        # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
-        defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
-        quantized = (f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{defines}{quantized}\n'
-                     "#pragma GCC pop_options\n")
-    return "\n".join([quantized, *rest])
+    return "\n".join([quantized_source(targets), *(p.read_text() for p in SOURCES[3:])])
+
+
+def quantized_source(targets: tuple[str, ...]) -> str:
+    """quantized.c, amx.c and kquant.c under `targets`: the part of source() that bench/kernels.py
+    builds once per subset of the targets, to run every path side by side."""
+    text = "\n".join(p.read_text() for p in SOURCES[:3])
+    if not targets:
+        return text
+    # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
+    # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
+    defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
+    return f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{defines}{text}\n#pragma GCC pop_options\n'
 
 
 def target_macro(target: str) -> str:
