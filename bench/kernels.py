@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import sys
 import time
 
@@ -93,11 +94,14 @@ def layer_ms(builds: dict[str, ctypes.CDLL], weights: list[QuantizedWeight], row
     for name, ys in outs.items():
         if not all(torch.equal(a, b) for a, b in zip(ys, outs["plain"])):
             raise SystemExit(f"the {name} path's output differs from the plain path's at {rows} rows")
+    def one_pass(library: ctypes.CDLL, ys: list[torch.Tensor]) -> None:
+        for x, w, y in zip(xs, weights, ys):
+            call(library, x, w, y, threads)
+
     best = {name: float("inf") for name in builds}
     for _ in range(REPEATS):  # turns: a slow spell of the host falls on every path
         for name, library in builds.items():
-            run = lambda: [call(library, x, w, y, threads) for x, w, y in zip(xs, weights, outs[name])]  # noqa: E731
-            best[name] = min(best[name], best_seconds(run, "cpu", 1) * 1e3)
+            best[name] = min(best[name], best_seconds(functools.partial(one_pass, library, outs[name]), "cpu", 1) * 1e3)
     return best
 
 

@@ -264,13 +264,16 @@ def fastest(formats: dict, concurrency: list[int]) -> dict[str, str | None]:
 def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iterator[Server]:
     server, note = start_llamacpp(kind, build, gguf, args, tmp), None
     if server is None:
-        # Seen on Sapphire Rapids (2-core VM): every Q8_0 / Q4_1 model segfaults while ggml repacks
-        # it into its AMX buffer (upstream: ggml-org/llama.cpp#20824). Without repacking it runs
-        # its plain AVX-512 quantized kernels; the results say so.
-        note = "llama-server crashed (SIGSEGV) loading the model with weight repacking on; measured with --no-repack"
+        # Seen on two AMX machines (2-core VMs): every quantized model segfaults while ggml repacks
+        # it into its AMX buffer (upstream: ggml-org/llama.cpp#20824, machine-dependent). Its next
+        # best is the same build less AMX, which repacks for its AVX-512 kernels (--no-repack would
+        # be its slowest path); the results say so.
+        build = llamacpp.ensure_built(args.threads, without_amx=True)
+        note = ("llama-server's AMX build crashed (SIGSEGV) repacking the model into its AMX buffer; "
+                f"measured with the native build less AMX ({llamacpp.NO_AMX}), which repacks for AVX-512")
         print(f"llama.cpp {kind}: {note}", flush=True)
-        server = start_llamacpp(kind, build, gguf, args, tmp, extra=("--no-repack",))
-    assert server is not None  # with --no-repack a failed start raises
+        server = start_llamacpp(kind, build, gguf, args, tmp, retry=False)
+    assert server is not None  # a second failed start raises
 
     def describe() -> dict:
         return {"gguf": gguf.name, "args": server.args, "note": note,
@@ -282,17 +285,16 @@ def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iter
         server.stop()
 
 
-def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path,
-                   extra: tuple[str, ...] = ()) -> llamacpp.LlamaServer | None:
-    """A healthy llama-server, or None when it segfaulted while loading and repacking was on."""
+def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path, retry: bool = True) -> llamacpp.LlamaServer | None:
+    """A healthy llama-server, or None when it segfaulted while loading and `retry` allows another build."""
     server = llamacpp.LlamaServer(build["binaries"]["llama-server"], gguf, free_port(), args.threads,
-                                  args.batch_size, args.ctx, tmp / f"llama-server-{kind}.log", extra)
+                                  args.batch_size, args.ctx, tmp / f"llama-server-{kind}.log")
     try:
         server.wait_ready()
         return server
     except BaseException as err:
         server.stop()
-        if isinstance(err, llamacpp.LlamaCppExited) and err.returncode == -signal.SIGSEGV and not extra:
+        if isinstance(err, llamacpp.LlamaCppExited) and err.returncode == -signal.SIGSEGV and retry:
             return None
         raise
 

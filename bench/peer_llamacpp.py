@@ -53,20 +53,30 @@ def cache_root() -> Path:
     return Path(base) / "ts-llm" / "llama.cpp"
 
 
-def build_profile() -> tuple[str, list[str]]:
-    """(cache name, ISA flags): native for this CPU's own profile; explicit AVX2 flags when the
-    avx2 profile is forced on a CPU that has more. Other forced profiles have no llama.cpp twin."""
+# GCC keeps an explicit -mno-X whatever -march=native implies, so this is the native build less the
+# AMX tiles: ggml then repacks 4-bit types for its AVX-512 kernels instead of into its AMX buffer
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AMX_FLAGS = [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+
+
+def build_profile(without_amx: bool = False) -> tuple[str, list[str]]:
+    """(cache name, ISA flags): native for this CPU's own profile (less AMX when asked, for a CPU
+    whose llama.cpp AMX path crashes); explicit AVX2 flags when the avx2 profile is forced on a CPU
+    that has more. Other forced profiles have no llama.cpp twin."""
     plat = platform.detect()
+    if without_amx and plat.profile.name != "avx512_amx":
+        raise LlamaCppError(f"a build without AMX is for the avx512_amx profile, not {plat.profile.name}")
     if not plat.forced or plat.profile == plat.usable[0]:
-        return plat.profile.name, ["-DGGML_NATIVE=ON"]
+        return (f"{plat.profile.name}-no-amx", ["-DGGML_NATIVE=ON", *NO_AMX_FLAGS]) if without_amx else \
+            (plat.profile.name, ["-DGGML_NATIVE=ON"])
     if plat.profile.name == "avx2":
         return "avx2", AVX2_FLAGS
     raise LlamaCppError(f"no llama.cpp build for the forced profile {plat.profile.name}: use avx2 or none")
 
 
-def ensure_built(cores: int) -> dict:
+def ensure_built(cores: int, without_amx: bool = False) -> dict:
     """The build record (build.json: version, commit, flags, binaries), building on first use."""
-    profile, isa = build_profile()
+    profile, isa = build_profile(without_amx)
     home = cache_root() / f"{VERSION}-{profile}"
     record_path = home / "bin" / "build.json"
     if record_path.is_file():
@@ -231,11 +241,10 @@ def _write(command, path: Path, env: dict | None = None) -> None:
 class LlamaServer:
     """llama-server on loopback: -np slots, a shared context of ctx tokens, `cores` threads."""
 
-    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path,
-                 extra: tuple[str, ...] = ()):
+    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path):
         self.url = f"http://127.0.0.1:{port}"
         cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(cores),
-               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui", *extra]
+               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui"]
         self.args = [gguf.name if a == str(gguf) else a for a in cmd[1:]]  # for the results: no machine path
         self.log = log
         self._out = log.open("w")

@@ -104,41 +104,54 @@ static inline __attribute__((always_inline)) void scale_sums(int R, const int32_
 /* int8 x int8 (int8 weights, centred int4), or int8 x uint8 (int4 with a minimum: nibbles 0-15) */
 #define TILE_PRODUCT(minimum, c, a, b) do { if (minimum) _tile_dpbsud(c, a, b); else _tile_dpbssd(c, a, b); } while (0)
 
+/* B for blocks k and k + 1 (if any) of the two groups */
+static inline void pair_blocks(int bits, int centred, const uint8_t *q0, const uint8_t *q1, int64_t k, int64_t blocks,
+                               uint8_t (*b)[8 * 64]) {
+    const int64_t bytes = block_bytes(bits);
+    for (int64_t i = k; i < k + 2 && i < blocks; i++) {
+        prefetch_block(bits, q0 + i * bytes);
+        if (q1) prefetch_block(bits, q1 + i * bytes);
+        pair_block(bits, centred, q0 + i * bytes, q1 ? q1 + i * bytes : NULL, b[i - k]);
+    }
+}
+
 /* y[0..stored)[0..16) (8 when q1 is NULL: an odd last group) for one tile of x rows and two row
- * groups, computing R >= stored rows. Two blocks at a time on their own tiles (A 0-1, B 2-3, C
- * 4-5): tiles are not renamed, so one set would make every block wait for the last one's store. */
+ * groups, computing R >= stored rows. Blocks go two at a time on their own tiles (A 0-1, B 2-3, C
+ * 4-5), in a pipeline of three stages a pair of blocks apart: B is split out of the weights one
+ * step ahead (a tile load waits for vector stores to reach the cache), and a step's sums are
+ * scaled after the next step's products are issued (they wait for their tile stores): tiles are
+ * not renamed, so in one straight line every block waited for the last one's. */
 static inline __attribute__((always_inline)) void tile_pair(int bits, int R, int64_t stored, const TileRows *x, int64_t tile,
                                                             const uint8_t *q0, const uint8_t *q1, const uint16_t *d0,
                                                             const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
                                                             float *y, int64_t ldy, int64_t K, int64_t G) {
     const int minimum = bits == 4 && m0 != NULL, centred = bits == 4 && m0 == NULL;
-    const int64_t blocks = K / BLOCK, bytes = block_bytes(bits), per_group = G / BLOCK, first = tile * blocks * AMX_ROWS;
-    int32_t c[2][AMX_ROWS][16] __attribute__((aligned(64)));
-    uint8_t b[2][8 * 64] __attribute__((aligned(64)));
+    const int64_t blocks = K / BLOCK, per_group = G / BLOCK, first = tile * blocks * AMX_ROWS;
+    int32_t c[2][2][AMX_ROWS][16] __attribute__((aligned(64)));  /* [step parity][block of the step] */
+    uint8_t b[2][2][8 * 64] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS], offset[AMX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = offset[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < blocks; k += 2) {
-        const int two = k + 1 < blocks;
-        for (int i = 0; i <= two; i++) {
-            prefetch_block(bits, q0 + (k + i) * bytes);
-            if (q1) prefetch_block(bits, q1 + (k + i) * bytes);
-            pair_block(bits, centred, q0 + (k + i) * bytes, q1 ? q1 + (k + i) * bytes : NULL, b[i]);
+    pair_blocks(bits, centred, q0, q1, 0, blocks, b[0]);
+    for (int64_t k = 0; k < blocks + 2; k += 2) {
+        const int s = (k / 2) & 1;
+        if (k < blocks) {
+            if (k + 2 < blocks) pair_blocks(bits, centred, q0, q1, k + 2, blocks, b[!s]);
+            _tile_loadd(0, x->a + (first + k * AMX_ROWS) * BLOCK, BLOCK);
+            _tile_loadd(2, b[s][0], 64);
+            _tile_zero(4);
+            TILE_PRODUCT(minimum, 4, 0, 2);
+            if (k + 1 < blocks) {
+                _tile_loadd(1, x->a + (first + (k + 1) * AMX_ROWS) * BLOCK, BLOCK);
+                _tile_loadd(3, b[s][1], 64);
+                _tile_zero(5);
+                TILE_PRODUCT(minimum, 5, 1, 3);
+            }
+            _tile_stored(4, c[s][0], 64);
+            if (k + 1 < blocks) _tile_stored(5, c[s][1], 64);
         }
-        _tile_loadd(0, x->a + (first + k * AMX_ROWS) * BLOCK, BLOCK);
-        _tile_loadd(2, b[0], 64);
-        _tile_zero(4);
-        TILE_PRODUCT(minimum, 4, 0, 2);
-        if (two) {
-            _tile_loadd(1, x->a + (first + (k + 1) * AMX_ROWS) * BLOCK, BLOCK);
-            _tile_loadd(3, b[1], 64);
-            _tile_zero(5);
-            TILE_PRODUCT(minimum, 5, 1, 3);
-        }
-        _tile_stored(4, c[0], 64);
-        if (two) _tile_stored(5, c[1], 64);
-        for (int i = 0; i <= two; i++) {
-            const int64_t g = per_group == 1 ? k + i : (k + i) / per_group;
-            scale_sums(R, c[i], minimum, d0, d1, m0, m1, g, x, first + (k + i) * AMX_ROWS, acc, offset);
+        for (int64_t i = k - 2; k > 0 && i < k && i < blocks; i++) {  /* the previous step's blocks */
+            const int64_t g = per_group == 1 ? i : i / per_group;
+            scale_sums(R, c[!s][i - (k - 2)], minimum, d0, d1, m0, m1, g, x, first + i * AMX_ROWS, acc, offset);
         }
     }
     const __mmask16 lanes = q1 ? 0xFFFF : 0x00FF;
