@@ -168,8 +168,8 @@ def markdown(profiles: dict, argv: str) -> str:
 
 The int4 / int8 products (kernels/quantized.c, amx.c) on each path this CPU's profile builds:
 plain vectors (AVX2 or AVX-512 without VNNI), VNNI dot products, AMX-INT8 tiles (from 8 rows; fewer
-take VNNI). Command: `.venv/bin/python -m bench.kernels {argv}`; each profile's latest run is kept
-in results/kernels.json.
+take VNNI). Command: `{" ".join([".venv/bin/python -m bench.kernels", argv]).strip()}`; each profile's latest
+run is kept in results/kernels.json.
 
 """ + "\n".join(sections) + "\n![kernels](results/kernels.png)\n"
 

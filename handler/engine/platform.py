@@ -158,7 +158,8 @@ def _tiles_granted() -> bool:
     if _normalized_machine(_platform.machine()) != "x86_64" or not sys.platform.startswith("linux"):
         return False
     sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+    args = (ctypes.c_long(sys_arch_prctl), ctypes.c_long(arch_req_xcomp_perm), ctypes.c_long(xfeature_xtiledata))
+    return ctypes.CDLL(None, use_errno=True).syscall(*args) == 0  # syscall(2) is variadic: longs, not ints
 
 
 def _read_cpuinfo() -> str:
@@ -332,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     chosen = choose_path(plat, "cpu", "auto", "auto")
     usable = ", ".join(q.name for q in plat.usable)
-    print(f"{plat.describe()}\nauto path: {chosen.label(plat.profile)}\nprofiles this CPU can run: {usable}")
+    extras = ", ".join(plat.kernel_targets) or "none"
+    print(f"{plat.describe()}\nauto path: {chosen.label(plat.profile)}\nprofiles this CPU can run: {usable}\n"
+          f"quantized kernels add: {extras}")
     return 0
 
 
