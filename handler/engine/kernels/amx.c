@@ -6,15 +6,15 @@
  * the Q4_1 minimum's term, the order of blocks) are quantized.c's, lane for lane; so a row's result
  * is bit for bit what the vector path gives it alone (tests/engine/quant hold them to that).
  *
- * One tile product covers 16 x rows by 8 weight rows by a block of 32 columns: A is x, int8
- * [16 rows, 32], and B is one row group's block read as the tiles' "4 bytes of K per column" form,
- * which is exactly quantized.c's packed layout (byte 32 c + 4 r + i): int8 blocks load as they
- * lie; int4 blocks are split into their low and high nibbles first (B rows 0-3 and 4-7), so x's
+ * One tile product covers 16 x rows by 16 weight rows (two of the layout's row groups) by a block of
+ * 32 columns: A is x, int8 [16 rows, 32]; B holds the tiles' "4 bytes of K per column" form, which
+ * is quantized.c's packed layout of a row group's block (byte 32 c + 4 r + i) with the two groups'
+ * 32-byte rows side by side. int8 blocks are taken as they lie; int4 blocks are split into low and
+ * high nibbles (B rows 0-3 and 4-7; Q4_0's less 8, so the sums are already sum (q - 8) xq), so x's
  * 4-column chunks go in the order 0, 2, 4, 6, 1, 3, 5, 7 (columns 8 c + i, then 8 c + 4 + i).
- * Two row groups (16 weight rows) are taken together so the scaling runs 16 lanes wide:
- *   C[m, n] = sum_k x[m, k] w[n, k]  ->  acc[m] (16 n lanes) += float(C[m] (- 8 sum xq)) * d[n] sx[m]
- * Tiles: 0 = A (x), 1-2 = B (the two groups), 3-4 = C. */
-#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+ *   C[m, n] = sum_k x[m, k] w[n, k]  ->  acc[m] (16 n lanes) += float(C[m]) * d[n] sx[m]
+ * Tiles: 0-1 A, 2-3 B, 4-5 C (two blocks at a time, see tile_pair). */
+#if defined(HAVE_TILES) /* quantized.c */
 
 #define AMX_ROWS 16 /* x rows per tile */
 
@@ -87,7 +87,7 @@ static inline __m512 half16(const uint16_t *p0, const uint16_t *p1) {
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-/* A C tile -> acc for the first R rows of the tile, block `b` (inlined with a constant R) */
+/* One block's C tile -> acc for the first R rows of the tile (inlined with a constant R); g: its group */
 static inline __attribute__((always_inline)) void scale_sums(int R, const int32_t (*c)[16], int minimum,
                                                              const uint16_t *d0, const uint16_t *d1, const uint16_t *m0,
                                                              const uint16_t *m1, int64_t g, const TileRows *x,

@@ -44,7 +44,7 @@ static inline KBlock kq_load(int bits, const uint8_t *q, const uint8_t *h) {
 
 /* The 8 rows' sums of q * xq over columns 0-15 (lo) and 16-31 (hi). */
 static inline void kq_halves(const KBlock *w, const int8_t *xq, i8v *lo, i8v *hi) {
-#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
+#if defined(HAVE_VNNI) /* quantized.c */
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 8; j++) acc[j / 4 * 2 + j % 2] = _mm256_dpbusd_epi32(acc[j / 4 * 2 + j % 2], w->v[j], x4(xq + 4 * j));
     *lo = (i8v)_mm256_add_epi32(acc[0], acc[1]);

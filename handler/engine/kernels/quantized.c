@@ -31,6 +31,16 @@
 #include <immintrin.h>
 #endif
 
+/* The instructions build.py targets beyond -march, as macros it defines (g++ defines no feature
+ * macro for a target pragma): VNNI dot products, and AMX-INT8 tiles (amx.c). kquant.c and amx.c,
+ * appended to this file, test these too. */
+#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
+#define HAVE_VNNI 1
+#endif
+#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+#define HAVE_TILES 1
+#endif
+
 typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8v __attribute__((vector_size(32)));
 
@@ -182,7 +192,7 @@ static inline Block load_block(int bits, const uint8_t *blk) {
     return w;
 }
 
-#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
+#if defined(HAVE_VNNI)
 /* VNNI (build.py adds it where the CPU has it): vpdpbusd does the same unsigned x signed byte
  * products and adds each lane's 4 into its int32 in one instruction. Four sums, added at the end:
  * one accumulator would chain 8 of them (latency ~4 cycles each) and halve their throughput. */
@@ -309,7 +319,7 @@ static void linear(int bits, const RoundedTile *x, const uint8_t *q, const uint1
 
 /* ---- entry point -------------------------------------------------------------------------- */
 
-#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+#if defined(HAVE_TILES)
 /* amx.c (build.py appends it to this file): the same products on AMX tiles, from this many x rows
  * (fewer: a tile would hold mostly zeros; measured in docs/benchmarks.md) */
 #define AMX_MIN_ROWS 8
@@ -324,10 +334,10 @@ extern "C"
 #endif
 int ts_llm_quantized_paths(void) {
     int paths = 0;
-#if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
+#if defined(HAVE_VNNI)
     paths |= 1;
 #endif
-#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+#if defined(HAVE_TILES)
     paths |= 2;
 #endif
     return paths;
@@ -339,7 +349,7 @@ extern "C"
 #endif
 void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
                              float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
-#if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
+#if defined(HAVE_TILES)
     if (M >= AMX_MIN_ROWS) {
         tiles_linear(bits, x, q, d, m, y, M, N, K, G, threads);
         return;
