@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
+TARGETED = SOURCES[:3]  # the quantized kernels: built with the CPU's extra targets
 
 
 class KernelBuildError(EngineError, RuntimeError):
@@ -30,13 +31,13 @@ class KernelBuildError(EngineError, RuntimeError):
 def source(targets: tuple[str, ...]) -> str:
     """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
     the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
-    return "\n".join([quantized_source(targets), *(p.read_text() for p in SOURCES[3:])])
+    return "\n".join([quantized_source(targets), *(p.read_text() for p in SOURCES if p not in TARGETED)])
 
 
 def quantized_source(targets: tuple[str, ...]) -> str:
     """quantized.c, amx.c and kquant.c under `targets`: the part of source() that bench/kernels.py
     builds once per subset of the targets, to run every path side by side."""
-    text = "\n".join(p.read_text() for p in SOURCES[:3])
+    text = "\n".join(p.read_text() for p in TARGETED)
     if not targets:
         return text
     # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
