@@ -67,6 +67,12 @@ def previous_profiles(results_file: Path) -> dict:
     return json.loads(results_file.read_text()).get("profiles", {}) if results_file.exists() else {}
 
 
+def profile_heading(name: str, run: dict) -> str:
+    """The heading of one CPU profile's latest run in a per-profile section (bench.paths, bench.kernels)."""
+    forced = " (forced on a CPU that has more)" if run["forced"] else ""
+    return f"### {name}{forced}: {run['versions']['machine']}, {run['date']}"
+
+
 def write_json(name: str, data: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section
+from bench.common import RESULTS, best_seconds, previous_profiles, profile_heading, versions, write_json, write_section
 from handler.engine import platform
 from handler.engine.kernels import build
 from handler.engine.quant.layout import QuantizedWeight
@@ -160,8 +160,7 @@ def markdown(profiles: dict, argv: str) -> str:
         lines = [f"| {key}, {path_name}{' (engine)' if path_name == run['engine_path'] else ''} | "
                  + " | ".join(f"{by_rows[str(r)][path_name]:.2f}" for r in rows) + " |"
                  for key, by_rows in run["layer_ms"].items() for path_name in run["paths"]]
-        forced = " (forced on a CPU that has more)" if run["forced"] else ""
-        sections.append(f"### {name}{forced}: {run['versions']['machine']}, {run['date']}\n\n"
+        sections.append(f"{profile_heading(name, run)}\n\n"
                         f"One decoder layer's projections, ms a pass (lower is better), by rows per call; "
                         f"{run['threads']} threads; every path gave the same bits.\n\n{header}\n" + "\n".join(lines) + "\n")
     return f"""## Quantized kernels by instruction path

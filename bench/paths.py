@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.common import RESULTS, best_seconds, previous_profiles, versions, write_json, write_section
+from bench.common import RESULTS, best_seconds, previous_profiles, profile_heading, versions, write_json, write_section
 from handler.engine import packed, platform
 from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.compiled import aot
@@ -154,8 +154,7 @@ def markdown(profiles: dict, argv: str) -> str:
         table = "\n".join(f"| {opt} | " + " | ".join(f"{ms:.1f}" for ms in by_rows.values()) + " |"
                           for opt, by_rows in run["projections_ms"].items())
         decode = ", ".join(f"{route} {v['tokens_per_s']:.1f} tok/s" for route, v in run["decode_bs1"].items())
-        forced = " (forced on a CPU that has more)" if run["forced"] else ""
-        sections.append(f"""### {name}{forced}: {run['versions']['machine']}, {run['date']}
+        sections.append(f"""{profile_heading(name, run)}
 
 Auto path: `{run['auto']}`. All 211 projections once, ms (lower is better):
 
