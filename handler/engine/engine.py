@@ -181,6 +181,7 @@ class Engine:
         the padded batch fits in prefill_chunk tokens; a prompt's last token is left to decode. A request's other samples wait for its
         first (they copy its prefix); a prompt that shares a longer prefix with one being
         prefilled than any slot holds waits for it, to prefill only the rest."""
+        self._rebind_unstarted()
         picked: list[Sequence] = []
         width = 0
         for s in self._waiting:
@@ -198,6 +199,22 @@ class Engine:
             picked.append(s)
             width = wider
         return [(s, s.prefilled, min(s.prefill_end - s.prefilled, width)) for s in picked]
+
+    def _rebind_unstarted(self) -> None:
+        """Hand the slots of the sequences not yet started out again before any starts (and so
+        overwrites what its slot holds), each prompt to the one holding most of it. add() binds each
+        request alone: a burst into an idle engine took slots 0, 1, ... in arrival order, each start
+        overwriting a prompt that a later request then prefilled again (docs/benchmarks.md)."""
+        unstarted = [s for s in self._waiting if not s.started]
+        if not self.prefix_caching or len(unstarted) < 2:
+            return
+        slots = sorted(s.slot for s in unstarted)
+        # a sample after a request's first copies its prefix: any slot does
+        best = self._cache.best_slots([s.context if s.leader is None else [] for s in unstarted], slots)
+        rest = iter(slot for slot in slots if slot not in best)
+        for s, slot in zip(unstarted, best):
+            s.slot = next(rest) if slot is None else slot
+            self._slots[s.slot] = s
 
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         if not self.prefix_caching:

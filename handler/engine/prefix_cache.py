@@ -81,6 +81,17 @@ class PrefixCache:
                 best = (slot, n)
         return best
 
+    def best_slots(self, prompts: list[list[int]], slots: list[int]) -> list[int | None]:
+        """A slot of `slots` for each prompt, each slot once: the longest shared prefix first (ties
+        to the earlier prompt); None for a prompt left with no slot sharing a token with it."""
+        matches = sorted((-common_prefix(self._tokens[slot], prompt), i, slot)
+                         for i, prompt in enumerate(prompts) for slot in slots)
+        best: list[int | None] = [None] * len(prompts)
+        for negative_length, i, slot in matches:
+            if negative_length < 0 and best[i] is None and slot not in best:
+                best[i] = slot
+        return best
+
     def least_recently_used(self, slots: Iterable[int]) -> int:
         return min(slots, key=self._last_used.__getitem__)
 

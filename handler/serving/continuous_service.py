@@ -29,6 +29,8 @@ class ContinuousService(BaseService):
     answered with it: a token a step, no round trip in between, once QUIET_CALLS calls in a row
     admitted and finished nothing (until then each call runs its own step, which holds the requests
     it admits), or right after a call that admitted requests into an idle engine (FRESH_START_DELAY).
+    A call that starts requests runs a step for them after the one run ahead: their first token
+    does not wait for the next call (the running requests get two tokens in that reply).
     A request that call no longer carries is cancelled then. `call_seconds`:
     how long one call may go on stepping while every request in it goes on (0: one step a call;
     `_steps_for_this_call`): fewer round trips, tokens streamed a few at a time."""
@@ -50,11 +52,13 @@ class ContinuousService(BaseService):
         if self.cutting():
             self.cut_running()
         arrived = any(inc.request_id not in self.live for inc in batch)
+        running = {rid for rid, live in self.live.items() if live.started}
         refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._accept(inc))}
         refused |= self._start_waiting()
+        started = any(live.started and rid not in running for rid, live in self.live.items())
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
-        if self.engine.running and not ahead:
+        if self.engine.running and (started or not ahead):  # a request started now is in this call's step
             self._steps_for_this_call()
         # gRPC requests must be answered whole, now (see module docstring); the rest keep pace.
         while any(not self.live[i.request_id].http and self.live[i.request_id].finish_reason is None

@@ -167,3 +167,22 @@ def test_a_request_cancelled_mid_prefill_leaves_what_it_computed_usable():
     got = run(engine)["b"]
     assert got[0].cached_tokens == 32
     assert_same_generation(got, reference(SYSTEM + "y", 3))
+
+
+def test_a_burst_into_an_idle_engine_finds_each_prompt_where_a_slot_holds_it(cached):
+    """Requests added together start in the slots holding their prompts, whatever their order: taken
+    in order, each start overwrote a prompt that a later request then prefilled again."""
+    texts = ["nameacolor", "tellmeastory", "whatisthesky", "countto"]
+    for text in texts:  # slots 0-3
+        cached.add(text, ids(cached, text), params(2))
+    run(cached)
+    calls = []
+    prefill = cached._prefill
+    cached._prefill = lambda tokens, *rest: calls.append(tokens.shape) or prefill(tokens, *rest)
+    for text in reversed(texts):
+        cached.add("again " + text, ids(cached, text), params(2))
+    done = run(cached)
+    assert calls == []
+    for text in texts:
+        assert done["again " + text][0].cached_tokens == len(text) - 1
+        assert_same_generation(done["again " + text], reference(text, 2))

@@ -49,6 +49,22 @@ def test_ties_go_to_the_preferred_slot_and_among_limits_the_search():
     assert cache.longest(SHARED, among=[]) == (None, 0)
 
 
+def test_best_slots_gives_each_prompt_the_slot_sharing_most_of_it_longest_first():
+    cache = PrefixCache(slots=3)
+    cache.extend(0, [1, 2, 3])
+    cache.extend(1, [4, 5])
+    cache.extend(2, [8])
+    # the first prompt shares two tokens with slot 0, the second all three: the second gets it
+    assert cache.best_slots([[1, 2, 7], [1, 2, 3], [4, 5, 6]], [0, 1, 2]) == [None, 0, 1]
+
+
+def test_best_slots_leaves_a_prompt_no_slot_shares_without_one():
+    cache = PrefixCache(slots=3)
+    cache.extend(0, [1, 2])
+    cache.extend(2, [1, 2])
+    assert cache.best_slots([[1, 2], [1, 2], [7], []], [0, 1, 2]) == [0, 2, None, None]
+
+
 def test_the_least_recently_used_slot_is_the_one_written_or_used_longest_ago():
     cache = PrefixCache(slots=3)
     cache.extend(0, [1])
