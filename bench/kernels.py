@@ -3,6 +3,7 @@ products and AMX-INT8 tiles, whichever this CPU's profile builds, on the same we
 
     .venv/bin/python -m bench.kernels                      # this CPU's own profile
     .venv/bin/python -m bench.kernels --cpu-profile avx2   # a lower profile of the same machine
+    .venv/bin/python -m bench.kernels --cpu-profile avx2_vnni  # AVX2 with AVX-VNNI (Alder Lake, Sierra Forest)
 
 Each path is kernels/build.py's quantized translation unit for one subset of the platform's targets
 (without the ops' registration), built by Inductor's compiler with the profile's flags and called
@@ -39,7 +40,8 @@ LAYERS = {
                           (2048, 8192)],
 }
 FORMATS = ("Q4_0", "Q4_1", "Q8_0")
-PATH_TARGETS = {"vnni": ("avx512vnni",), "amx": ("amx-tile", "amx-int8")}  # what each path adds
+# what each path adds: one of a path's target sets (VNNI: the AVX-512 or the AVX encoding)
+PATH_TARGETS = {"vnni": (("avx512vnni",), ("avxvnni",)), "amx": (("amx-tile", "amx-int8"),)}
 
 
 def parse_args():
@@ -57,10 +59,12 @@ def path_builds(plat: platform.Platform) -> dict[str, ctypes.CDLL]:
 
     targets: tuple[str, ...] = ()
     builds = {"plain": CppCodeCache.load(build.quantized_source(()), needs_vec_isa=True)}
-    for name, adds in PATH_TARGETS.items():
-        if set(adds) <= set(plat.kernel_targets):
-            targets += adds
-            builds[name] = CppCodeCache.load(build.quantized_source(targets), needs_vec_isa=True)
+    for name, choices in PATH_TARGETS.items():
+        for adds in choices:
+            if set(adds) <= set(plat.kernel_targets):
+                targets += adds
+                builds[name] = CppCodeCache.load(build.quantized_source(targets), needs_vec_isa=True)
+                break
     return builds
 
 
@@ -166,8 +170,9 @@ def markdown(profiles: dict, argv: str) -> str:
     return f"""## Quantized kernels by instruction path
 
 The int4 / int8 products (kernels/quantized.c, amx.c) on each path this CPU's profile builds:
-plain vectors (AVX2 or AVX-512 without VNNI), VNNI dot products, AMX-INT8 tiles (from 8 rows; fewer
-take VNNI). Command: `{" ".join([".venv/bin/python -m bench.kernels", argv]).strip()}`; each profile's latest
+plain vectors (AVX2 or AVX-512 without VNNI), VNNI dot products (AVX-512 VNNI, or AVX-VNNI on the
+avx2_vnni profile), AMX-INT8 tiles (from 8 rows; fewer take VNNI).
+Command: `{" ".join([".venv/bin/python -m bench.kernels", argv]).strip()}`; each profile's latest
 run is kept in results/kernels.json.
 
 """ + "\n".join(sections) + "\n![kernels](results/kernels.png)\n"

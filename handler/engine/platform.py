@@ -6,8 +6,8 @@ AVX-512-BF16, Sapphire Rapids with AMX, Graviton). Libraries decide some of this
 not always safely: oneDNN's bf16 reorder reads CPUID and raises on AVX2, Inductor builds kernels
 with `-march=native`. So the project decides here, once per process, and every path asks:
 
-- a **profile** is a named level of the instruction set (`avx2`, `avx512`, `avx512_bf16`,
-  `avx512_amx`, `aarch64`, `aarch64_sve_bf16`, `x86_64`): the ATen kernels, the oneDNN ISA cap and the
+- a **profile** is a named level of the instruction set (`avx2`, `avx2_vnni`, `avx512`,
+  `avx512_bf16`, `avx512_amx`, `aarch64`, `aarch64_sve_bf16`, `x86_64`): the ATen kernels, the oneDNN ISA cap and the
   `-march` Inductor compiles with. Compiled code built under one profile runs on every CPU that
   has that profile's features, and its cache key names the profile (artifacts.artifact_config).
 - the best profile this CPU has is taken, unless `TS_LLM_CPU_PROFILE` names a lower one (a
@@ -68,6 +68,8 @@ _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 # int8 dot products in one instruction (vpdpbusd): Cascade Lake, Ice Lake, Zen 4, Sapphire Rapids
 _VNNI = (("avx512_vnni", "avx512vnni"),)
+# the same in VEX encoding, 256-bit only: AVX2 CPUs without AVX-512 (Alder Lake, Sierra Forest)
+_AVX_VNNI = (("avx_vnni", "avxvnni"),)
 # int8 tile products (kernels/amx.c): Sapphire Rapids and later
 _AMX_INT8 = (("amx_tile", "amx-tile"), ("amx_int8", "amx-int8"))
 _TILE_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
@@ -78,6 +80,8 @@ PROFILES: tuple[Profile, ...] = (
     Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512",
             _VNNI),
     Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512", _VNNI),
+    # avx2 with our kernels' int8 dot products in one instruction; ATen, oneDNN and MKL as avx2
+    Profile("avx2_vnni", "x86_64", _V3 | {"avx_vnni"}, "avx2", "AVX2", "x86-64-v3", False, "AVX2", _AVX_VNNI),
     Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False, "AVX2"),
     Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False, "SSE4_2"),
     Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,

@@ -9,6 +9,7 @@ from handler.engine.platform import PROFILE_ENV, PlatformError, choose_path, cpu
 ZEN3 = "flags\t\t: fpu sse4_1 sse4_2 avx avx2 fma f16c bmi1 abm movbe xsave bmi2\n"
 ICE_LAKE = ZEN3.replace("bmi2", "bmi2 avx512f avx512bw avx512vl avx512dq avx512cd avx512_vnni")
 ZEN4 = ICE_LAKE.replace("avx512_vnni", "avx512_vnni avx512_bf16")
+ALDER_LAKE = ZEN3.replace("bmi2", "bmi2 avx_vnni")  # AVX-VNNI without AVX-512 (Sierra Forest too)
 SAPPHIRE_RAPIDS = ZEN4.replace("avx512_bf16", "avx512_bf16 amx_tile amx_bf16 amx_int8 avx_ne_convert")
 OLD_X86 = "flags\t\t: fpu sse4_1 sse4_2 avx\n"
 AVX2_WITHOUT_BMI = "flags\t\t: fpu sse4_1 sse4_2 avx avx2 fma f16c\n"  # a hypervisor hiding BMI: not x86-64-v3
@@ -22,7 +23,7 @@ def _profile(cpuinfo: str, machine: str = "x86_64", forced: str | None = None) -
 
 
 @pytest.mark.parametrize("cpuinfo,machine,name", [
-    (ZEN3, "x86_64", "avx2"), (ICE_LAKE, "x86_64", "avx512"), (ZEN4, "x86_64", "avx512_bf16"),
+    (ZEN3, "x86_64", "avx2"), (ALDER_LAKE, "x86_64", "avx2_vnni"), (ICE_LAKE, "x86_64", "avx512"), (ZEN4, "x86_64", "avx512_bf16"),
     (SAPPHIRE_RAPIDS, "x86_64", "avx512_amx"), (OLD_X86, "x86_64", "x86_64"), (AVX2_WITHOUT_BMI, "x86_64", "x86_64"),
     (ZEN4, "AMD64", "avx512_bf16"),
     (GRAVITON2, "aarch64", "aarch64"), (GRAVITON3, "aarch64", "aarch64_sve_bf16"), ("", "aarch64", "aarch64"),
@@ -154,6 +155,8 @@ def test_this_machine_has_a_profile_and_torch_agrees_with_it():
     (SAPPHIRE_RAPIDS, None, ("avx512vnni", "amx-tile", "amx-int8")),
     (SAPPHIRE_RAPIDS, "avx512_bf16", ("avx512vnni",)),  # tiles belong to the AMX profile alone
     (ICE_LAKE.replace(" avx512_vnni", ""), None, ()),  # Skylake-SP: AVX-512 without VNNI
+    (ALDER_LAKE, None, ("avxvnni",)), (ALDER_LAKE, "avx2", ()),
+    (SAPPHIRE_RAPIDS.replace("bmi2", "bmi2 avx_vnni"), "avx2_vnni", ("avxvnni",)),
     (ZEN4, "avx2", ()), (ZEN3, None, ()),  # a forced lower profile adds nothing its CPUs may lack
 ])
 def test_the_kernels_take_vnni_and_tiles_where_the_cpu_has_them_and_the_profile_allows(cpuinfo, forced, targets):

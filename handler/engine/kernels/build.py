@@ -43,7 +43,11 @@ def quantized_source(targets: tuple[str, ...]) -> str:
     # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
     # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
     defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
-    return f'#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n{defines}{text}\n#pragma GCC pop_options\n'
+    # The intrinsics first, outside the pragma: included inside it they would be defined with its
+    # targets, and matvec.c's calls after it (without them) could not inline them. (Only -march
+    # builds that Inductor also passes the targets on, as AVX-512 VNNI, had built; AVX-VNNI did not.)
+    return (f'#include <immintrin.h>\n#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n'
+            f'{defines}{text}\n#pragma GCC pop_options\n')
 
 
 def target_macro(target: str) -> str:

@@ -46,7 +46,7 @@ static inline KBlock kq_load(int bits, const uint8_t *q, const uint8_t *h) {
 static inline void kq_halves(const KBlock *w, const int8_t *xq, i8v *lo, i8v *hi) {
 #if defined(HAVE_VNNI) /* quantized.c */
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int j = 0; j < 8; j++) acc[j / 4 * 2 + j % 2] = _mm256_dpbusd_epi32(acc[j / 4 * 2 + j % 2], w->v[j], x4(xq + 4 * j));
+    for (int j = 0; j < 8; j++) acc[j / 4 * 2 + j % 2] = dpbusd256(acc[j / 4 * 2 + j % 2], w->v[j], x4(xq + 4 * j));
     *lo = (i8v)_mm256_add_epi32(acc[0], acc[1]);
     *hi = (i8v)_mm256_add_epi32(acc[2], acc[3]);
 #else

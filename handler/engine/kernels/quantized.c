@@ -36,6 +36,10 @@
  * appended to this file, test these too. */
 #if defined(TS_LLM_TARGET_AVX512VNNI) && defined(__AVX512VL__)
 #define HAVE_VNNI 1
+#define dpbusd256 _mm256_dpbusd_epi32
+#elif defined(TS_LLM_TARGET_AVXVNNI) && defined(__AVX2__)
+#define HAVE_VNNI 1 /* AVX-VNNI: the same instruction, VEX-encoded, on CPUs without AVX-512 */
+#define dpbusd256 _mm256_dpbusd_avx_epi32
 #endif
 #if defined(TS_LLM_TARGET_AMX_INT8) && defined(TS_LLM_TARGET_AMX_TILE) && defined(__AVX512F__)
 #define HAVE_TILES 1
@@ -200,8 +204,8 @@ static inline i8v block_isum(int bits, const Block *w, const int8_t *xq) {
     __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 8; j++) {
         const __m256i x = x4(xq + 4 * j);
-        acc[j % 4] = bits == 4 ? _mm256_dpbusd_epi32(acc[j % 4], w->v[j], x)
-                               : _mm256_dpbusd_epi32(acc[j % 4], _mm256_sign_epi8(w->v[j], w->v[j]), _mm256_sign_epi8(x, w->v[j]));
+        acc[j % 4] = bits == 4 ? dpbusd256(acc[j % 4], w->v[j], x)
+                               : dpbusd256(acc[j % 4], _mm256_sign_epi8(w->v[j], w->v[j]), _mm256_sign_epi8(x, w->v[j]));
     }
     return (i8v)_mm256_add_epi32(_mm256_add_epi32(acc[0], acc[1]), _mm256_add_epi32(acc[2], acc[3]));
 }
