@@ -44,8 +44,8 @@ def quantized_source(targets: tuple[str, ...]) -> str:
     # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
     defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
     # The intrinsics first, outside the pragma: included inside it they would be defined with its
-    # targets, and matvec.c's calls after it (without them) could not inline them. (Only -march
-    # builds that Inductor also passes the targets on, as AVX-512 VNNI, had built; AVX-VNNI did not.)
+    # targets, and matvec.c's calls after it (without them) could not inline them. That built only
+    # where Inductor's own flags carried the same targets (AVX-512 VNNI, AMX), never for AVX-VNNI.
     return (f'#include <immintrin.h>\n#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n'
             f'{defines}{text}\n#pragma GCC pop_options\n')
 
