@@ -40,8 +40,6 @@ LAYERS = {
                           (2048, 8192)],
 }
 FORMATS = ("Q4_0", "Q4_1", "Q8_0")
-# what each path adds: one of a path's target sets (VNNI: the AVX-512 or the AVX encoding)
-PATH_TARGETS = {"vnni": (("avx512vnni",), ("avxvnni",)), "amx": (("amx-tile", "amx-int8"),)}
 
 
 def parse_args():
@@ -59,12 +57,10 @@ def path_builds(plat: platform.Platform) -> dict[str, ctypes.CDLL]:
 
     targets: tuple[str, ...] = ()
     builds = {"plain": CppCodeCache.load(build.quantized_source(()), needs_vec_isa=True)}
-    for name, choices in PATH_TARGETS.items():
-        for adds in choices:
-            if set(adds) <= set(plat.kernel_targets):
-                targets += adds
-                builds[name] = CppCodeCache.load(build.quantized_source(targets), needs_vec_isa=True)
-                break
+    for name, names in build.PATH_TARGETS.items():
+        if adds := tuple(t for t in plat.kernel_targets if t in names):
+            targets += adds
+            builds[name] = CppCodeCache.load(build.quantized_source(targets), needs_vec_isa=True)
     return builds
 
 

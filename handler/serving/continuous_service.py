@@ -52,10 +52,10 @@ class ContinuousService(BaseService):
         if self.cutting():
             self.cut_running()
         arrived = any(inc.request_id not in self.live for inc in batch)
-        running = {rid for rid, live in self.live.items() if live.started}
         refused = {inc.request_id: r for inc in batch if inc.request_id not in self.live and (r := self._accept(inc))}
+        taken = self.engine.running
         refused |= self._start_waiting()
-        started = any(live.started and rid not in running for rid, live in self.live.items())
+        started = self.engine.running > taken  # requests start here only
         # Before the step, so admissions and cancellations show at once (the sidecar's drain reads it).
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if self.engine.running and (started or not ahead):  # a request started now is in this call's step

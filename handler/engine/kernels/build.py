@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
 TARGETED = SOURCES[:3]  # the quantized kernels: built with the CPU's extra targets
+# The quantized kernels' paths beyond plain vectors (quantized_paths) and the GCC targets that give
+# each: VNNI in its AVX-512 or its AVX encoding; AMX-INT8 tiles (the platform lists both together).
+PATH_TARGETS = {"vnni": ("avx512vnni", "avxvnni"), "amx": ("amx-tile", "amx-int8")}
 
 
 class KernelBuildError(EngineError, RuntimeError):
