@@ -5,7 +5,7 @@ had, so `except ValueError` callers keep working):
 
     EngineError
     ├── CheckpointError, ConversionError                 checkpoint.py, convert.py
-    ├── PlatformError, KernelBuildError                  platform.py, kernels/build.py
+    ├── PlatformError, KernelBuildError, KernelMismatchError  platform.py, kernels/build.py
     ├── QuantizationError, GGUFFormatError               quant/layout.py, quant/gguf_file.py
     ├── CompileError, AotError (NoMatchingGraph)         compiled/errors.py, compiled/aot.py
     ├── ChatTemplateError, GrammarError                  tokenizer.py, grammar.py

@@ -27,4 +27,6 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
         # decode batches too where oneDNN would read a float32 copy (twice bf16's bytes; AVX2)
         model.use_matvec(batches=cfg.max_batch_size <= matvec.MAX_BATCH)
     model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    if build.loaded():
+        build.check_in_force()  # the kernels the steps will run are still ours (KernelMismatchError)
     return model

@@ -6,7 +6,11 @@ defined before or after).
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
 AVX2 machine and AVX-512 where the profile allows it. The build (~3 s: the op's entry is written
 against torch's stable ABI, whose headers are light) lands in Inductor's kernel cache, keyed by
-source and flags, and is reused from there."""
+source and flags, and is reused from there.
+
+Within a process the last kernel library loaded registers the ops, whatever it was built for. So
+before the engine runs a product, check_in_force asks the ops in force what they were built for
+and refuses instructions beyond the platform's profile: a KernelMismatchError, never a SIGILL."""
 from __future__ import annotations
 
 import ctypes
@@ -15,7 +19,9 @@ import logging
 import time
 from pathlib import Path
 
-from handler.engine import EngineError
+import torch
+
+from handler.engine import EngineError, platform
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +31,22 @@ TARGETED = SOURCES[:3]  # the quantized kernels: built with the CPU's extra targ
 # The quantized kernels' paths beyond plain vectors (quantized_paths) and the GCC targets that give
 # each: VNNI in its AVX-512 or its AVX encoding; AMX-INT8 tiles (the platform lists both together).
 PATH_TARGETS = {"vnni": ("avx512vnni", "avxvnni"), "amx": ("amx-tile", "amx-int8")}
+# What a build may execute beyond the architecture's baseline, as /proc/cpuinfo names the CPU flags:
+# bit i of ts_llm_built_features() (quantized.c) is BUILT_FEATURES[i].
+BUILT_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                  "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "sve", "bf16")
+
+_lib = torch.library.Library("ts_llm", "FRAGMENT")
+_lib.define("built_features(Tensor anchor) -> int")
 
 
 class KernelBuildError(EngineError, RuntimeError):
     """The CPU kernels could not be built (no C compiler?); the message has the compiler's."""
+
+
+class KernelMismatchError(EngineError, RuntimeError):
+    """The ops in force run kernels built for instructions or paths this platform's profile does not
+    have (a library built for another CPU was loaded into this process after ours)."""
 
 
 def source(targets: tuple[str, ...]) -> str:
@@ -64,8 +82,6 @@ def load() -> ctypes.CDLL:
     (their wrappers and fakes call this; so does preparing a model whose graphs will)."""
     from torch._inductor.codecache import CppCodeCache
 
-    from handler.engine import platform
-
     plat = platform.current()  # applies the profile's -march before anything is compiled
     start = time.perf_counter()
     try:
@@ -75,7 +91,43 @@ def load() -> ctypes.CDLL:
         raise KernelBuildError(f"building the CPU kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
     log.info("CPU kernels loaded in %.1f s; quantized products: %s", time.perf_counter() - start,
              ", ".join(quantized_paths(library)) or "plain vector instructions")
+    check_in_force()
     return library
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the kernels (load() ran)."""
+    return load.cache_info().currsize > 0
+
+
+def check_in_force() -> None:
+    """Raise KernelMismatchError unless the kernels the ops run now (those of the library loaded
+    last) execute only what this platform's profile allows, and take the paths it targets."""
+    plat = platform.current()
+    built = built_features(torch.ops.ts_llm.built_features(torch.empty(0)))
+    extras = {flag for flag, _ in plat.profile.kernel_extras if flag in plat.features}
+    allowed = plat.profile.requires | extras
+    beyond = [f for f in built if f not in allowed]
+    paths, expected = paths_of(set(built)), paths_of(extras)
+    if beyond or paths != expected:
+        raise KernelMismatchError(
+            f"the ts_llm ops in this process run kernels built for {', '.join(built) or 'the baseline'} "
+            f"(paths: {', '.join(paths) or 'plain'}), but {plat.describe()} allows "
+            f"{', '.join(sorted(allowed & set(BUILT_FEATURES))) or 'the baseline'} (paths: "
+            f"{', '.join(expected) or 'plain'}){'; beyond it: ' + ', '.join(beyond) if beyond else ''}. "
+            "A kernel library built for another CPU was loaded into this process after ours; "
+            "start the worker in a fresh process")
+
+
+def built_features(bits: int) -> tuple[str, ...]:
+    """BUILT_FEATURES named by ts_llm_built_features()'s bits."""
+    return tuple(name for i, name in enumerate(BUILT_FEATURES) if bits >> i & 1)
+
+
+def paths_of(flags: set[str]) -> tuple[str, ...]:
+    """The quantized kernels' paths that CPU flags (avx512_vnni, amx_int8...) give, as PATH_TARGETS names them."""
+    targets = {target for p in platform.PROFILES for flag, target in p.kernel_extras if flag in flags}
+    return tuple(path for path, names in PATH_TARGETS.items() if targets & set(names))
 
 
 def quantized_paths(library: ctypes.CDLL | None = None) -> tuple[str, ...]:

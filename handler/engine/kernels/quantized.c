@@ -347,6 +347,60 @@ int ts_llm_quantized_paths(void) {
     return paths;
 }
 
+/* The instructions this build may execute beyond the architecture's baseline, one bit each in
+ * build.py's BUILT_FEATURES order: -march's and Inductor's (the compiler's own macros) and the targets
+ * build.py adds (its macros). The worker holds them to the platform's profile before it runs a product
+ * (build.check_in_force), since the last kernel library loaded into a process is the one its ops run. */
+#ifdef __cplusplus
+extern "C"
+#endif
+int64_t ts_llm_built_features(void) {
+    int64_t f = 0;
+#if defined(__AVX2__)
+    f |= 1 << 0;
+#endif
+#if defined(__FMA__)
+    f |= 1 << 1;
+#endif
+#if defined(__F16C__)
+    f |= 1 << 2;
+#endif
+#if defined(__AVX512F__)
+    f |= 1 << 3;
+#endif
+#if defined(__AVX512BW__)
+    f |= 1 << 4;
+#endif
+#if defined(__AVX512VL__)
+    f |= 1 << 5;
+#endif
+#if defined(__AVX512DQ__)
+    f |= 1 << 6;
+#endif
+#if defined(__AVX512BF16__)
+    f |= 1 << 7;
+#endif
+#if defined(__AVX512VNNI__) || defined(TS_LLM_TARGET_AVX512VNNI)
+    f |= 1 << 8;
+#endif
+#if defined(__AVXVNNI__) || defined(TS_LLM_TARGET_AVXVNNI)
+    f |= 1 << 9;
+#endif
+#if defined(__AMX_TILE__) || defined(TS_LLM_TARGET_AMX_TILE)
+    f |= 1 << 10;
+#endif
+#if defined(__AMX_INT8__) || defined(TS_LLM_TARGET_AMX_INT8)
+    f |= 1 << 11;
+#endif
+#if defined(__ARM_FEATURE_SVE)
+    f |= 1 << 12;
+#endif
+#if defined(__ARM_FEATURE_BF16)
+    f |= 1 << 13;
+#endif
+    return f;
+}
+
 /* bits 8 or 4; m NULL for int8 and for int4 stored as d * (q - 8). x [M, K], y [M, N], both float32 and contiguous; N % 8 == 0. */
 #ifdef __cplusplus
 extern "C"

@@ -145,10 +145,18 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
     });
 }
 
+/* What the kernels in force were built for (ts_llm_built_features): asked through the dispatcher, so the
+ * answer comes from whichever library registered the ops last. `anchor` only selects the CPU kernel. */
+int64_t built_features_cpu(Tensor anchor) {
+    (void)anchor;
+    return ts_llm_built_features();
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(ts_llm, CPU, lib) {
     lib.impl("quantized_linear", TORCH_BOX(&quantized_linear_cpu));
     lib.impl("kquant_linear", TORCH_BOX(&kquant_linear_cpu));
     lib.impl("bf16_linear", TORCH_BOX(&bf16_linear_cpu));
+    lib.impl("built_features", TORCH_BOX(&built_features_cpu));
 }

@@ -2,6 +2,7 @@
 files (what docs/troubleshooting.md looks up), raised by build.load() itself."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -50,15 +51,53 @@ def test_the_quantized_kernels_take_every_path_the_platform_targets():
                                             if set(names) & set(targets))
 
 
-@pytest.mark.skipif(os.uname().machine != "x86_64", reason="AVX-VNNI is x86")
-def test_the_kernels_build_with_avx_vnni_whatever_flags_inductor_passes():
-    # Built, not run (this CPU may lack AVX-VNNI): the intrinsics were once included inside the
-    # target pragma, and matvec.c's calls after it then failed to inline unless Inductor's own
-    # flags carried the same targets, which they do for AVX-512 VNNI and never for AVX-VNNI (this
-    # failed so under an AVX2 profile's flags, as on Zen 3 and in test.sh's forced avx2 pass).
-    from torch._inductor.codecache import CppCodeCache
+# Kernels built for targets this CPU may lack are built and loaded only in a child process under the
+# forced avx2 profile (whose flags carry neither AVX-512 nor VNNI): loading a library registers its
+# kernels as the process's ops, so in this process the next quantized product would run them (SIGILL
+# on a CPU without AVX-VNNI). The child runs no product.
+AVX_VNNI_BUILD = """
+from torch._inductor.codecache import CppCodeCache
+from handler.engine.kernels import build
+build.load()
+library = CppCodeCache.load(build.source(("avxvnni",)), needs_vec_isa=True)
+print("paths:", build.quantized_paths(library))
+try:
+    build.check_in_force()
+except build.KernelMismatchError as err:
+    print("KernelMismatchError:", err)
+"""
 
+
+@functools.cache
+def avx_vnni_build_under_avx2() -> str:
+    """What AVX_VNNI_BUILD printed, run in a child process under the forced avx2 profile."""
+    from handler.engine import platform
+
+    env = {**os.environ, **platform.environment(platform.BY_NAME["avx2"])}
+    run = subprocess.run([sys.executable, "-c", AVX_VNNI_BUILD], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="AVX-VNNI is x86")
+def test_the_kernels_build_with_avx_vnni_under_avx2_flags():
+    # the intrinsics were once included inside the target pragma, and matvec.c's calls after it then
+    # failed to inline unless Inductor's own flags carried the same targets, which they do for
+    # AVX-512 VNNI and never for AVX-VNNI (as on Zen 3 and in test.sh's forced avx2 pass)
+    assert "paths: ('vnni',)" in avx_vnni_build_under_avx2()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="AVX-VNNI is x86")
+def test_kernels_loaded_after_ours_for_another_cpu_are_refused_before_they_run():
+    out = avx_vnni_build_under_avx2()
+    assert "KernelMismatchError: the ts_llm ops in this process run kernels built for avx2, fma, f16c, avx_vnni " \
+           "(paths: vnni), but CPU profile avx2 (forced" in out, out
+    assert "(paths: plain); beyond it: avx_vnni." in out, out
+
+
+def test_the_kernels_in_force_are_the_platforms_own():
     from handler.engine.kernels import build
 
-    library = CppCodeCache.load(build.source(("avxvnni",)), needs_vec_isa=True)
-    assert build.quantized_paths(library) == ("vnni",)
+    build.load()
+    build.check_in_force()  # raises KernelMismatchError otherwise
