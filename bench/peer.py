@@ -49,7 +49,7 @@ from handler.build.archive import build_mar
 from handler.build.model_config import ServingOptions, handler_config
 from handler.engine import platform
 from handler.serving.config import HandlerConfig
-from handler.torchserve.launch import Ports, free_port, start_torchserve
+from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve
 from handler.typed_config import flag
 
 PRECISIONS = {"bf16": "none", "int8": "gguf", "int4": "gguf"}  # ours' handler `quantization` per precision
@@ -129,6 +129,7 @@ class Server:
     url: str
     headers: dict
     describe: Callable[[], dict]
+    torchserve: TorchServe | None = None  # ours' instance (bench.contention starts a sidecar beside it)
 
 
 Key = tuple[str, str]  # (system, label): ("ours", precision) or ("llama.cpp", GGUF type)
@@ -191,10 +192,10 @@ def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
     return summary
 
 
-def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path) -> Path:
+def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path, name: str = "") -> Path:
     """The default checkpoint with the pair's GGUF beside it (linked, not copied): under
     quantization: gguf ours serves exactly llama.cpp's file."""
-    out = tmp / f"checkpoint-{precision}"
+    out = tmp / f"checkpoint-{precision}{name}"
     out.mkdir()
     for f in checkpoint.iterdir():
         if f.is_file() and f.suffix != ".gguf":
@@ -225,16 +226,18 @@ def sweep(precision: str, checkpoint: Path, gguf: Path | None, ggufs: dict[str, 
 
 
 @contextlib.contextmanager
-def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: Path) -> Iterator[Server]:
+def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: Path, env: dict[str, str] | None = None,
+                name: str = "") -> Iterator[Server]:
+    """`env`: more of TorchServe's (so its workers') environment; `name` tells two servers of one precision apart."""
     handler = {"dtype": "auto", "max_seq_len": args.max_seq_len, "served_model_name": "llm",
                "quantization": PRECISIONS[precision], **handler_settings(args.handler_set)}
     opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, handler=handler)
-    checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp)
+    checkpoint = ours_checkpoint(precision, checkpoint, gguf, tmp, name)
     handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker
-    run_dir = tmp / f"ours-{precision}-{args.batching}"
+    run_dir = tmp / f"ours-{precision}-{args.batching}{name}"
     build_mar(checkpoint, "llm", run_dir / "model_store", opts)
     ts = start_torchserve(run_dir / "model_store", {"llm": "llm.mar"}, REPO / "config.properties", run_dir / "work",
-                          Ports.free())
+                          Ports.free(), env=env)
 
     def describe() -> dict:
         (worker,) = ts.client("llm").describe().workers
@@ -246,7 +249,7 @@ def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: 
     try:
         ts.wait_ready("llm", timeout=1800)
         ts.wait_compiled("llm", time.monotonic() + 3600)  # ready at once; measured once compiled
-        yield Server(f"{ts.inference_url}/predictions/llm/1.0/v1/completions", ts.headers(), describe)
+        yield Server(f"{ts.inference_url}/predictions/llm/1.0/v1/completions", ts.headers(), describe, ts)
     finally:
         ts.stop()
 

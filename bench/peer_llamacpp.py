@@ -248,7 +248,9 @@ class LlamaServer:
         self.args = [gguf.name if a == str(gguf) else a for a in cmd[1:]]  # for the results: no machine path
         self.log = log
         self._out = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT)
+        # a session of its own, as TorchServe's launcher starts ours: the scheduler shares the cores between
+        # sessions first (autogroup), so both sides meet a busy neighbour alike (bench/contention.py)
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from handler.engine import platform
+from handler.engine import platform, threads
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.artifact_lookup import OnRejected, artifact_request, look_up_aside
 from handler.engine.compiled.artifacts import ArtifactPlaces
@@ -32,6 +32,7 @@ from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
 from handler.engine.model import Transformer
+from handler.engine.threads import ThreadSettings
 from handler.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class LoadedEngine:
     model: Transformer
     steps: Steps
     path: str  # "<cpu profile>/<dtype>/packed-<packing>", logged and exported as a metric label
+    threads: ThreadSettings  # how many threads a step runs on and how they wait, logged and exported
 
 
 def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, places: ArtifactPlaces | None = None,
@@ -55,6 +57,12 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
              asked.packed_weights)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    settings = threads.in_force(torch.get_num_threads())
+    log.info("engine threads: %s", settings.describe())
+    if not settings.bounded:
+        log.warning("engine threads wait by spinning (%s): beside another busy process tokens come seconds apart; "
+                    "start the worker with GOMP_SPINCOUNT=%d in its environment (the launcher and the sidecar's "
+                    "entrypoint set it)", settings.wait, threads.SPIN_COUNT)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     wanted = artifact_request(ckpt, cfg, places, on_rejected)
     aside = look_up_aside(cfg, wanted)
@@ -70,4 +78,4 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
                     torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars,
                     prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching)
-    return LoadedEngine(engine, model, steps, path)
+    return LoadedEngine(engine, model, steps, path, settings)

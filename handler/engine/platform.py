@@ -188,8 +188,17 @@ def environment(profile: Profile) -> dict[str, str]:
 
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) plus, when TS_LLM_CPU_PROFILE forces a profile, what
-    makes a child process honour it: pass it to anything that starts TorchServe workers."""
-    env = dict(os.environ if environ is None else environ)
+    makes a child process honour it, and the engine threads' bounded wait (threads.environment):
+    pass it to anything that starts TorchServe workers."""
+    from handler.engine import threads
+
+    env = with_forced_profile(dict(os.environ if environ is None else environ))
+    env.update(threads.environment(env))
+    return env
+
+
+def with_forced_profile(env: dict[str, str]) -> dict[str, str]:
+    """`env` plus, when its TS_LLM_CPU_PROFILE forces a profile, what makes a process honour it."""
     if env.get(PROFILE_ENV, "").strip():
         env.update(environment(detect(env).profile))
     return env
@@ -201,7 +210,7 @@ def reexec_under(profile_name: str | None) -> None:
     nothing to force or it is already in force. For command lines: archive.sh, the benchmarks."""
     if not profile_name or os.environ.get(PROFILE_ENV) == profile_name:
         return
-    env = child_environment({**os.environ, PROFILE_ENV: profile_name})  # raises if the CPU cannot run it
+    env = with_forced_profile({**os.environ, PROFILE_ENV: profile_name})  # raises if the CPU cannot run it
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 

@@ -74,6 +74,7 @@ class LLMHandler(BaseHandler):
         mode.started(loaded.steps.serving)
         sink.observe("ts_llm_requests_running", 0)  # a restarted worker must not inherit its predecessor's value
         sink.observe("ts_llm_engine_info", 1, loaded.path)
+        sink.observe("ts_llm_engine_threads", loaded.threads.threads, loaded.threads.wait)
         log.info("engine ready: %s, %s, %d slots x %d tokens, compile %.1f s (%s)", engine_cfg.checkpoint_dir.name,
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,

@@ -32,9 +32,10 @@ GAUGES = {
     "ts_llm_compile_seconds": "Seconds",
     "ts_llm_engine_info": "Count",  # 1, label path: "<cpu profile>/<dtype>/packed-<packing>"
     "ts_llm_engine_mode": "Count",  # 1 for the mode the steps run in now, 0 for the others (ENGINE_MODES)
+    "ts_llm_engine_threads": "Count",  # threads a step runs on, label wait: "spin 3000" (handler/engine/threads.py)
 }
 LABELS = {"ts_llm_request_success_total": "finished_reason", "ts_llm_request_failure_total": "reason",
-          "ts_llm_engine_info": "path", "ts_llm_engine_mode": "mode"}
+          "ts_llm_engine_info": "path", "ts_llm_engine_mode": "mode", "ts_llm_engine_threads": "wait"}
 # What the engine's steps run: eager; eager while a verified artifact loads beside them (seconds),
 # or while a cold compile runs in a process of its own (minutes); compiled graphs.
 ENGINE_MODES = ("eager", "loading", "compiling", "compiled")

@@ -67,8 +67,8 @@ def test_forced_profile_sets_what_aten_onednn_and_inductor_read():
     assert env["TORCHINDUCTOR_CPP_MARCH"] == "x86-64-v3" and env["HOME"] == "/h"
 
 
-def test_without_a_forced_profile_children_get_the_environment_unchanged():
-    assert platform.child_environment({"HOME": "/h"}) == {"HOME": "/h"}
+def test_without_a_forced_profile_children_get_only_the_threads_bounded_wait():
+    assert platform.child_environment({"HOME": "/h"}) == {"HOME": "/h", "GOMP_SPINCOUNT": "3000"}
 
 
 def test_every_profile_names_a_march_no_wider_than_its_features():

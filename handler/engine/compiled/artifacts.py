@@ -69,30 +69,34 @@ def _recorded_digest(ckpt: Checkpoint) -> str | None:
     return doc["digest"]
 
 
-def artifact_config(cfg: EngineConfig) -> dict:
-    """Everything besides versions, device and weights that the compiled code depends on."""
+def artifact_config(cfg: EngineConfig, threads: int | None = None) -> dict:
+    """Everything besides versions, device and weights that the compiled code depends on;
+    `threads`: the worker's torch threads (default: cfg.threads, else this process's count)."""
     conf = {"engine": cfg.compile_signature(), "aot_format": aot.FORMAT}
     if torch.device(cfg.device).type == "cpu":
-        conf["cpu"] = cpu_code_target()
+        conf["cpu"] = cpu_code_target(threads or cfg.threads or torch.get_num_threads())
     return conf
 
 
-def cpu_code_target() -> dict:
+def cpu_code_target(threads: int) -> dict:
     """The instruction set compiled CPU code may use: the CPU profile (its -march) and the
     vector ISA and flags Inductor builds with here, which may add to the profile what this CPU
-    has (-mavx512bf16 on Zen 4), so that an artifact never lands on a CPU without them. Two
-    machines of one profile and the same such flags share artifacts, whatever else they differ in."""
+    has (-mavx512bf16 on Zen 4), so that an artifact never lands on a CPU without them; and the
+    threads the graphs run on, which their guards hold (a graph compiled for 2 threads refuses a
+    worker of 4: NoMatchingGraph at the first request). Two machines of one profile, the same such
+    flags and the same threads share artifacts, whatever else they differ in."""
     from torch._inductor import cpu_vec_isa
 
     plat = platform.current()
     isa = cpu_vec_isa.pick_vec_isa()
     return {"profile": plat.profile.name, "march": plat.profile.march, "vec_isa": str(isa),
-            "vec_flags": isa.build_arch_flags() if isa else ""}
+            "vec_flags": isa.build_arch_flags() if isa else "", "threads": threads}
 
 
-def artifact_key(cfg: EngineConfig, weights: str) -> CacheKey:
-    """The key of what a worker with `cfg` runs here (`auto` resolved for this CPU)."""
-    return current_key(weights, artifact_config(platform.resolve(cfg)[0]), cfg.device)
+def artifact_key(cfg: EngineConfig, weights: str, threads: int | None = None) -> CacheKey:
+    """The key of what a worker with `cfg` runs here (`auto` resolved for this CPU) on `threads`
+    (artifact_config's default)."""
+    return current_key(weights, artifact_config(platform.resolve(cfg)[0], threads), cfg.device)
 
 
 def write_key_file(key: CacheKey, path: Path) -> None:

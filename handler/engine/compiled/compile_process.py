@@ -67,7 +67,7 @@ def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int |
     what it did. The key is computed here as the worker computes it and must be the one asked.
     `fork_threads`: this process has run torch on one thread so far (see main)."""
     ckpt = open_checkpoint(cfg.checkpoint_dir)
-    key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt))
+    key = artifacts.artifact_key(cfg, artifacts.weights_digest(ckpt), fork_threads)
     if key.digest() != digest:
         raise ValueError(f"this process computes cache key {key.digest()}, the worker asked for {digest}")
     with artifacts.holding(ArtifactPlaces(dest)):

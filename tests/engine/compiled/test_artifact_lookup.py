@@ -82,3 +82,11 @@ def test_a_failed_lookup_is_kept_for_build_steps_to_judge(tmp_path, monkeypatch)
     steps = build_steps(model, config(warm_start="background", on_compile_error="eager"), reasons.append,
                         artifacts_wanted=wanted, aside=kept)
     assert steps.mode == "eager" and reasons == ["OSError: cache volume gone"]
+
+
+def test_the_key_names_the_threads_the_graphs_guard_on():
+    # a graph compiled for 2 threads refuses a worker of 4 (NoMatchingGraph at its first request):
+    # each thread count has an artifact of its own
+    two, four = (artifacts.artifact_key(config(), "0" * 64, threads) for threads in (2, 4))
+    assert two.digest() != four.digest()
+    assert artifacts.artifact_key(config(), "0" * 64, 2).digest() == two.digest()
