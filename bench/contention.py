@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -124,8 +125,8 @@ def main() -> None:
         }
         for key, server in servers.items():
             headers = {**server.headers, "Connection": "close"}
-            peer.warm_up(lambda: run_load(server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1, stream=True),
-                         args.warmup_s)
+            peer.warm_up(functools.partial(run_load, server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1,
+                                           stream=True), args.warmup_s)
             results[key] = {"side": server.describe(), "conditions": {}}
         for condition in args.conditions:
             with disturbance(condition, servers["ours"].torchserve):
