@@ -8,10 +8,11 @@ wait, GOMP_SPINCOUNT=300000: the only difference), in the same run.
 
 Every server runs in a session of its own, as TorchServe's launcher starts it and as a container
 runs in a cgroup of its own, and so does the busy process. Linux's scheduler shares the cores
-between sessions (autogroup) and cgroups first, so a busy process's nice ranks it only inside its
-own session: a neighbour at nice 19 in another session or pod takes as much as one at nice 0 (what
-both runs measure here). A peer started in the busy process's own session would see nice work,
-and ours not: the comparison would be unequal.
+between sessions (autogroup) and cgroups first, so a process's nice ranks it only inside its own
+session: a plain `nice -n 19` neighbour in another session takes a whole core, as one at nice 0
+does. So here the busy process's session gets its nice too (/proc/PID/autogroup): `nice19` is a
+low-priority neighbour (as a BestEffort pod is, by cgroup weight), `nice0` an equal one that takes
+a core. A peer started in the busy process's own session would see its nice and ours not: unequal.
 
 Each condition measures every server in turn (1 client, then 16), one round, after a warm-up;
 tokens/s, first token and the client-side gap between tokens p50/p99 are recorded, and each side's
@@ -34,6 +35,7 @@ from pathlib import Path
 from bench import peer, peer_llamacpp as llamacpp, peer_models
 from bench.common import RESULTS, versions, write_json, write_section
 from bench.load import run_load
+from handler.build.model_config import ServingOptions
 from handler.engine import threads
 
 CONDITIONS = ("quiet", "nice19", "nice0", "sidecar")
@@ -60,7 +62,8 @@ def parse_args(argv: list[str] | None = None):
     args = p.parse_args(argv)
     args.out = "contention" if args.model == "default" else f"contention_{args.model}"
     # what bench.peer's servers read
-    args.batching, args.max_batch_delay_ms, args.handler_set, args.systems = "continuous", 0, [], list(peer.SYSTEMS)
+    args.batching, args.handler_set, args.systems = "continuous", [], list(peer.SYSTEMS)
+    args.max_batch_delay_ms = ServingOptions.max_batch_delay_ms
     return args
 
 
@@ -70,6 +73,9 @@ def disturbance(condition: str, ours_ts) -> Iterator[None]:
     if condition in ("nice0", "nice19"):
         nice = condition.removeprefix("nice")
         proc = subprocess.Popen(["nice", "-n", nice, sys.executable, "-c", "while True: pass"], start_new_session=True)
+        autogroup = Path(f"/proc/{proc.pid}/autogroup")
+        if autogroup.exists():
+            autogroup.write_text(nice)  # the session's share too: what low priority means across sessions
         try:
             time.sleep(1)
             yield
@@ -127,7 +133,7 @@ def main() -> None:
             headers = {**server.headers, "Connection": "close"}
             peer.warm_up(functools.partial(run_load, server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1,
                                            stream=True), args.warmup_s)
-            results[key] = {"side": server.describe(), "conditions": {}}
+            results[key] = {"conditions": {}}
         for condition in args.conditions:
             with disturbance(condition, servers["ours"].torchserve):
                 for key, server in servers.items():
@@ -135,11 +141,13 @@ def main() -> None:
                         continue
                     chosen = levels if key != "ours_before" or condition == "quiet" else before_levels
                     results[key]["conditions"][condition] = measure(server, key, condition, chosen, args)
+        for key, server in servers.items():
+            results[key]["side"] = server.describe()  # RSS after the runs
     result = {"model": model.name, "gguf": gguf.name, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "concurrency": args.concurrency, "requests": args.requests,
               "warmup_s": args.warmup_s, "llama_server_ctx": args.ctx, "spin_count": threads.SPIN_COUNT,
               "before_spin_count": int(BEFORE_SPIN), "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
-              **targets(results, args.concurrency, "" if args.model == "default" else f"{args.model}_"),
+              **targets(results, args.concurrency, "" if args.model == "default" else "b1_"),
               "sides": results}
     write_json(f"{args.out}.json", result)
     plot(result, RESULTS / f"{args.out}.png")
@@ -218,6 +226,8 @@ def markdown(r: dict, argv: str) -> str:
     rss = "; ".join(f"{side} {(s['side'].get('worker_rss_bytes') or s['side'].get('rss_bytes') or 0) / 2**30:.2f} GiB"
                     for side, s in r["sides"].items())
     return "\n".join([
+        f"## On a shared CPU: {r['model']} beside a busy process (bench.contention)",
+        "",
         f"`python -m bench.contention {argv}`: {r['model']}, int4 ({r['gguf']}: ours and llama-server serve the "
         f"same file), {r['output_tokens']} tokens a request, greedy, {r['batch_size']} slots; "
         f"{r['versions']['machine']}. Ours waits with GOMP_SPINCOUNT={r['spin_count']}; `ours_before` is the same "
