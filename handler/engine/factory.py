@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from handler.engine import platform, threads
+from handler.engine import platform
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.artifact_lookup import OnRejected, artifact_request, look_up_aside
 from handler.engine.compiled.artifacts import ArtifactPlaces
@@ -31,8 +31,9 @@ from handler.engine.compiled.steps import OnCompiled, OnFallback, Steps, build_s
 from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
+from handler.engine.kernels import threads
+from handler.engine.kernels.threads import ThreadSettings
 from handler.engine.model import Transformer
-from handler.engine.threads import ThreadSettings
 from handler.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

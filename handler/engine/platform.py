@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from handler.engine import EngineError
+from handler.engine.kernels import threads
 
 if TYPE_CHECKING:
     from handler.engine.config import EngineConfig
@@ -188,20 +189,12 @@ def environment(profile: Profile) -> dict[str, str]:
 
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) plus, when TS_LLM_CPU_PROFILE forces a profile, what
-    makes a child process honour it, and the engine threads' bounded wait (threads.environment):
-    pass it to anything that starts TorchServe workers."""
-    from handler.engine import threads
-
-    env = with_forced_profile(dict(os.environ if environ is None else environ))
-    env.update(threads.environment(env))
-    return env
-
-
-def with_forced_profile(env: dict[str, str]) -> dict[str, str]:
-    """`env` plus, when its TS_LLM_CPU_PROFILE forces a profile, what makes a process honour it."""
+    makes a child process honour it, and the threads' bounded wait (kernels/threads.py): pass it
+    to anything that starts TorchServe workers."""
+    env = dict(os.environ if environ is None else environ)
     if env.get(PROFILE_ENV, "").strip():
         env.update(environment(detect(env).profile))
-    return env
+    return {**env, **threads.environment(env)}
 
 
 def reexec_under(profile_name: str | None) -> None:
@@ -210,7 +203,7 @@ def reexec_under(profile_name: str | None) -> None:
     nothing to force or it is already in force. For command lines: archive.sh, the benchmarks."""
     if not profile_name or os.environ.get(PROFILE_ENV) == profile_name:
         return
-    env = with_forced_profile({**os.environ, PROFILE_ENV: profile_name})  # raises if the CPU cannot run it
+    env = child_environment({**os.environ, PROFILE_ENV: profile_name})  # raises if the CPU cannot run it
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 

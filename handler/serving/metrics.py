@@ -32,7 +32,7 @@ GAUGES = {
     "ts_llm_compile_seconds": "Seconds",
     "ts_llm_engine_info": "Count",  # 1, label path: "<cpu profile>/<dtype>/packed-<packing>"
     "ts_llm_engine_mode": "Count",  # 1 for the mode the steps run in now, 0 for the others (ENGINE_MODES)
-    "ts_llm_engine_threads": "Count",  # threads a step runs on, label wait: "spin 3000" (handler/engine/threads.py)
+    "ts_llm_engine_threads": "Count",  # threads a step runs on, label wait: "spin 3000" (handler/engine/kernels/threads.py)
 }
 LABELS = {"ts_llm_request_success_total": "finished_reason", "ts_llm_request_failure_total": "reason",
           "ts_llm_engine_info": "path", "ts_llm_engine_mode": "mode", "ts_llm_engine_threads": "wait"}

@@ -6,4 +6,6 @@
     torch_op.cpp the ops' C++ entries: checks, output allocation, bias
     build.py     builds all three with Inductor's C++ toolchain and flags, once per process
     matvec.py    `ts_llm::bf16_linear`: its schema, fake and wrapper
+    threads.py   how the threads running their parallel regions wait for each other (a worker's
+                 GOMP_SPINCOUNT), and what the worker reports of them
 """

@@ -1,12 +1,12 @@
 """How the engine's threads wait: the bounded spin a worker starts with, an operator's own choice
-kept, and what the worker reports (handler/engine/threads.py)."""
+kept, and what the worker reports (handler/engine/kernels/threads.py)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-from handler.engine import threads
+from handler.engine.kernels import threads
 
 
 def test_a_worker_gets_the_bounded_spin():
@@ -34,7 +34,7 @@ def test_only_a_short_spin_or_passive_counts_as_bounded():
 
 def test_the_wait_in_force_is_the_one_the_process_started_with():
     # libgomp read the environment when the process started; a later os.environ change reaches nothing
-    code = ("import os; from handler.engine import threads; os.environ['GOMP_SPINCOUNT'] = '9'; "
+    code = ("import os; from handler.engine.kernels import threads; os.environ['GOMP_SPINCOUNT'] = '9'; "
             "print(threads.in_force(1).wait)")
     env = {**os.environ, "GOMP_SPINCOUNT": "3000"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
