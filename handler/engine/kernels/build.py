@@ -103,8 +103,11 @@ def loaded() -> bool:
 def check_in_force() -> None:
     """Raise KernelMismatchError unless the kernels the ops run now (those of the library loaded
     last) execute only what this platform's profile allows, and take the paths it targets."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     plat = platform.current()
-    built = built_features(torch.ops.ts_llm.built_features(torch.empty(0)))
+    with _disable_current_modes():  # load() may run in a traced op's fake: ask the real kernel
+        built = built_features(torch.ops.ts_llm.built_features(torch.empty(0)))
     extras = {flag for flag, _ in plat.profile.kernel_extras if flag in plat.features}
     allowed = plat.profile.requires | extras
     beyond = [f for f in built if f not in allowed]
