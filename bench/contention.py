@@ -166,18 +166,14 @@ def targets(results: dict, concurrency: list[int], prefix: str) -> dict:
     out = {}
     for c in concurrency:
         ours_quiet = run_at(results, "ours", "quiet", c)
-        out[f"{prefix}nice19_over_quiet_c{c}"] = _ratio(run_at(results, "ours", "nice19", c), ours_quiet, "output_tokens_per_s")
-        out[f"{prefix}nice0_ratio_vs_llamacpp_c{c}"] = _ratio(run_at(results, "ours", "nice0", c),
+        out[f"{prefix}nice19_over_quiet_c{c}"] = peer.ratio_of(run_at(results, "ours", "nice19", c), ours_quiet, "output_tokens_per_s")
+        out[f"{prefix}nice0_ratio_vs_llamacpp_c{c}"] = peer.ratio_of(run_at(results, "ours", "nice0", c),
                                                               run_at(results, "llama.cpp", "nice0", c), "output_tokens_per_s")
-        out[f"{prefix}nice0_itl_p99_ratio_c{c}"] = _ratio(run_at(results, "ours", "nice0", c),
+        out[f"{prefix}nice0_itl_p99_ratio_c{c}"] = peer.ratio_of(run_at(results, "ours", "nice0", c),
                                                           run_at(results, "llama.cpp", "nice0", c), "itl_p99_s")
-        out[f"{prefix}quiet_over_before_c{c}"] = _ratio(ours_quiet, run_at(results, "ours_before", "quiet", c),
+        out[f"{prefix}quiet_over_before_c{c}"] = peer.ratio_of(ours_quiet, run_at(results, "ours_before", "quiet", c),
                                                         "output_tokens_per_s")
     return out
-
-
-def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
-    return a[key] / b[key] if a and b and a.get(key) is not None and b.get(key) else None
 
 
 def plot(r: dict, path: Path) -> None:
@@ -208,10 +204,6 @@ def plot(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _fmt(run: dict | None, key: str, scale: float = 1, digits: int = 1) -> str:
-    return "-" if not run or run.get(key) is None else f"{run[key] * scale:.{digits}f}"
-
-
 def markdown(r: dict, argv: str) -> str:
     rows = []
     for side in r["sides"]:
@@ -219,9 +211,9 @@ def markdown(r: dict, argv: str) -> str:
             for c in r["concurrency"]:
                 run = run_at(r["sides"], side, cond, c)
                 if run:
-                    rows.append(f"| {side} | {cond} | {c} | {_fmt(run, 'output_tokens_per_s')} | "
-                                f"{_fmt(run, 'ttft_p50_s', 1e3, 0)} | {_fmt(run, 'itl_p50_s', 1e3)} | "
-                                f"{_fmt(run, 'itl_p99_s', 1e3)} |")
+                    rows.append(f"| {side} | {cond} | {c} | {peer.fmt(run['output_tokens_per_s'], 1, 1)} | "
+                                f"{peer.fmt(run['ttft_p50_s'], 1e3, 0)} | {peer.fmt(run['itl_p50_s'], 1e3, 1)} | "
+                                f"{peer.fmt(run['itl_p99_s'], 1e3, 1)} |")
     keys = [k for k in r if k.endswith(tuple(f"_c{c}" for c in r["concurrency"])) and r[k] is not None]
     rss = "; ".join(f"{side} {(s['side'].get('worker_rss_bytes') or s['side'].get('rss_bytes') or 0) / 2**30:.2f} GiB"
                     for side, s in r["sides"].items())

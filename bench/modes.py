@@ -90,9 +90,9 @@ def plot(r: dict, path: Path) -> None:
 
 def markdown(r: dict, argv: str) -> str:
     rows = [f"| {mode} | {x['concurrency']} | {x['requests']} | {x['errors']} | {x['output_tokens_per_s']:.1f} | "
-            f"{peer._fmt(x['ttft_p50_s'])} / {peer._fmt(x['ttft_p99_s'])} | {peer._fmt(x['itl_p50_s'])} |"
+            f"{peer.fmt(x['ttft_p50_s'])} / {peer.fmt(x['ttft_p99_s'])} | {peer.fmt(x['itl_p50_s'])} |"
             for mode in MODES for x in r["runs"][mode]]
-    ratio_line = ", ".join(f"{c} client(s): {peer._fmt(r[f'ratio_c{c}'])} (TTFT p50 {peer._fmt(r[f'ttft_p50_ratio_c{c}'])})"
+    ratio_line = ", ".join(f"{c} client(s): {peer.fmt(r[f'ratio_c{c}'])} (TTFT p50 {peer.fmt(r[f'ttft_p50_ratio_c{c}'])})"
                            for c in (x["concurrency"] for x in r["runs"]["async"]))
     v = r["versions"]
     return f"""## Batching modes: continuousBatching vs asyncCommunication

@@ -186,8 +186,8 @@ def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
     (RESULTS / "raw").mkdir(parents=True, exist_ok=True)
     (RESULTS / "raw" / f"{args.out}_{system}_{label}_c{c}.json").write_text(json.dumps(as_rows(records)))
     print(f"{system} {label} c={c}: {summary['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
-          f"{_fmt(summary['ttft_p50_s'])}/{_fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
-          f"{_fmt(summary['itl_p50_s'], 1e3, 1)}/{_fmt(summary['itl_p99_s'], 1e3, 1)} ms, "
+          f"{fmt(summary['ttft_p50_s'])}/{fmt(summary['ttft_p99_s'])} s, gap p50/p99 "
+          f"{fmt(summary['itl_p50_s'], 1e3, 1)}/{fmt(summary['itl_p99_s'], 1e3, 1)} ms, "
           f"{summary['tokens_per_request']:.1f} tokens/request, errors {summary['errors']}", flush=True)
     return summary
 
@@ -313,9 +313,9 @@ def ratios(pairs: dict, concurrency: list[int]) -> dict:
         ours = {r["concurrency"]: r for r in (pair.get("ours") or {}).get("runs", [])}
         theirs = pair.get("llama.cpp") or {}
         best = {c: _run_of(theirs, (theirs.get("fastest") or {}).get(str(c)), c) for c in concurrency}
-        by_level = {str(c): {"tokens_per_s": _ratio(ours.get(c), best[c], "output_tokens_per_s"),
-                             "ttft_p50": _ratio(ours.get(c), best[c], "ttft_p50_s"),
-                             "itl_p99": _ratio(ours.get(c), best[c], "itl_p99_s")} for c in concurrency}
+        by_level = {str(c): {"tokens_per_s": ratio_of(ours.get(c), best[c], "output_tokens_per_s"),
+                             "ttft_p50": ratio_of(ours.get(c), best[c], "ttft_p50_s"),
+                             "itl_p99": ratio_of(ours.get(c), best[c], "itl_p99_s")} for c in concurrency}
         if pair:
             pair["ratio_by_concurrency"] = by_level
         for c in concurrency:
@@ -331,7 +331,8 @@ def _run_of(side: dict, kind: str | None, c: int) -> dict | None:
     return next((r for r in runs if r["concurrency"] == c), None)
 
 
-def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
+def ratio_of(a: dict | None, b: dict | None, key: str) -> float | None:
+    """a[key] / b[key] of two runs, None where either is missing (bench.contention too)."""
     return a[key] / b[key] if a and b and a.get(key) is not None and b.get(key) else None
 
 
@@ -403,7 +404,7 @@ def plot(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
+def fmt(value: float | None, scale: float = 1, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
 
@@ -431,10 +432,10 @@ def markdown(r: dict, argv: str, out: str) -> str:
             mark = " (fastest)" if label == f"llama.cpp {best}" else ""
             ratio = (pair.get("ratio_by_concurrency") or {}).get(c, {}).get("tokens_per_s") if label.startswith("ours") else None
             rows.append(f"| {precision} | {label}{mark} | {c} | {x['requests']} | {x['errors']} | "
-                        f"{x['output_tokens_per_s']:.1f} | {_fmt(x['ttft_p50_s'])} / {_fmt(x['ttft_p99_s'])} | "
-                        f"{_fmt(x['itl_p50_s'], 1e3, 1)} / {_fmt(x['itl_p99_s'], 1e3, 1)} | {_fmt(ratio)} |")
+                        f"{x['output_tokens_per_s']:.1f} | {fmt(x['ttft_p50_s'])} / {fmt(x['ttft_p99_s'])} | "
+                        f"{fmt(x['itl_p50_s'], 1e3, 1)} / {fmt(x['itl_p99_s'], 1e3, 1)} | {fmt(ratio)} |")
     keys = [k for k in r if k.startswith(("ratio_best", "ttft_p50_ratio", "itl_p99_ratio"))]
-    key_line = ", ".join(f"`{k}` {_fmt(r[k])}" for k in keys)
+    key_line = ", ".join(f"`{k}` {fmt(r[k])}" for k in keys)
     forced = " forced" if v.get("cpu_profile_forced") else ""
     only = "" if list(r["pairs"]) == list(PRECISIONS) else f", {', '.join(r['pairs'])} only"
     title = f": {v.get('cpu_profile')}{forced}, {r.get('batching', 'continuous')}{only}"

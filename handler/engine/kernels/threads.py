@@ -8,7 +8,7 @@ long. When another process shares the cores (a node agent, the sidecar, a neighb
 not help across sessions or cgroups), one thread is descheduled and its partner spins away the core
 it needs, so every region costs a scheduler time slice: tokens seconds apart. A bounded spin
 (SPIN_COUNT) sleeps after a few microseconds and hands the core over; the gaps between regions on an
-idle machine are shorter, so quiet speed holds (docs/benchmarks.md, "Contention").
+idle machine are shorter, so quiet speed holds (docs/benchmarks.md, "On a shared CPU").
 
 libgomp reads the variable once, when torch loads it, so it belongs in the environment that starts
 the worker: platform.child_environment adds `environment()` (the launcher, the sidecar's entrypoint),
@@ -41,8 +41,8 @@ class ThreadSettings:
     @property
     def bounded(self) -> bool:
         """Whether a waiting thread gives its core up within microseconds (what a shared CPU needs)."""
-        spins = self.wait.removeprefix("spin ")
-        return self.wait == "passive" or (spins.isdigit() and int(spins) <= SPIN_COUNT * 10)
+        spins = self.wait.removeprefix("spin ")  # 30,000 was measured to stall nearly as the default does
+        return self.wait == "passive" or (spins.isdigit() and int(spins) <= SPIN_COUNT)
 
     def describe(self) -> str:
         return f"{self.threads} threads, OpenMP wait: {self.wait}"
