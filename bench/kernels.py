@@ -74,13 +74,13 @@ def weight(fmt: str, n: int, k: int) -> QuantizedWeight:
     return (w if fmt == "Q4_1" else QuantizedWeight(w.q, w.d)).pack()
 
 
-def call(library: ctypes.CDLL, x: torch.Tensor, w: QuantizedWeight, y: torch.Tensor, threads: int) -> None:
+def call(library: ctypes.CDLL, x: torch.Tensor, w: QuantizedWeight, y: torch.Tensor, threads: int, rounds: int = 1) -> None:
     n, k = w.shape
     ptr = ctypes.c_void_p
     library.ts_llm_quantized_linear(
         ctypes.c_int(w.bits), ptr(x.data_ptr()), ptr(w.q.data_ptr()), ptr(w.d.data_ptr()),
         ptr(0 if w.m is None else w.m.data_ptr()), ptr(y.data_ptr()), ctypes.c_int64(x.shape[0]), ctypes.c_int64(n),
-        ctypes.c_int64(k), ctypes.c_int64(w.group_size), ctypes.c_int(threads))
+        ctypes.c_int64(k), ctypes.c_int64(w.group_size), ctypes.c_int(rounds), ctypes.c_int(threads))
 
 
 def layer_ms(builds: dict[str, ctypes.CDLL], weights: list[QuantizedWeight], rows: int, threads: int) -> dict[str, float]:

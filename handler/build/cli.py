@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quantization", **flag(EngineConfig, "quantization"),
                    help="weight-only quantized projections; auto: the checkpoint's GGUF as stored if it has one, else none")
     p.add_argument("--group-size", **flag(EngineConfig, "group_size"))
+    p.add_argument("--activations", **flag(EngineConfig, "activations"),
+                   help="how quantized products take x: fine (int8 and its rounding error: answers as unrounded) "
+                   "or int8 (once, as llama.cpp's Q8: faster at many rows)")
     p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
                    "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # cuda: each worker's GPU
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device,
                    "compile": args.compile, "quantization": args.quantization, "group_size": args.group_size,
+                   "activations": args.activations,
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}

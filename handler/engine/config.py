@@ -11,6 +11,7 @@ import torch
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PACKINGS = ("auto", "off", "bfloat16", "float32")
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
+ACTIVATION_ROUNDS = {"fine": 2, "int8": 1}  # activations -> how often the quantized kernels round x (quantized.c)
 
 
 def find_gguf(checkpoint_dir: Path) -> Path | None:
@@ -19,6 +20,14 @@ def find_gguf(checkpoint_dir: Path) -> Path | None:
     if len(files) > 1:
         raise ValueError(f"checkpoint {checkpoint_dir} has {len(files)} GGUF files ({', '.join(f.name for f in files)}); keep one")
     return files[0] if files else None
+
+
+def auto_dtype(dtype: str, quantization: str, device_type: str) -> str:
+    """`dtype: auto` with quantized weights on CPU is float32: their products are float32 whatever the
+    dtype, and bf16 activations between them change answers (the default model: 13 of 21 greedy
+    answers as unrounded, against 20 in float32; docs/benchmarks.md "Faithful answers"), and were
+    no faster. Otherwise `auto` is left for platform.choose_path (the fastest path)."""
+    return "float32" if dtype == "auto" and quantization != "none" and device_type == "cpu" else dtype
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,10 @@ class EngineConfig:
     # Q8_0 / Q4_0 / Q4_1); "auto" is gguf when the checkpoint has one, else none.
     quantization: Literal["auto", "none", "int8", "int4", "gguf"] = "auto"
     group_size: int = 32  # int4 weights per scale and minimum: a multiple of 32
+    # How the quantized products take x: "fine" rounds it to int8 per block of 32 and then its rounding
+    # error the same way (~15 bits: the default model answers as it does unrounded, docs/benchmarks.md
+    # "Faithful answers"); "int8" rounds it once, as llama.cpp's Q8 activations do (fewer integer products).
+    activations: Literal["fine", "int8"] = "fine"
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
     threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
     # Padded prompt tokens prefilled per step, all new sequences together (a multiple of 16):
@@ -63,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"packed_weights must be one of {', '.join(PACKINGS)}, got {self.packed_weights!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.activations not in ACTIVATION_ROUNDS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATION_ROUNDS)}, got {self.activations!r}")
         if self.group_size < 32 or self.group_size % 32:
             raise ValueError(f"group_size must be a positive multiple of 32, got {self.group_size}")
         if self.compile not in ("inductor", "eager"):

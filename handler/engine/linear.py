@@ -42,11 +42,14 @@ class Linear(nn.Linear):
     packed_dtype: torch.dtype | None = None  # set by pack(): the dtype of the packed copy
     matvec: bool = False  # set by use_matvec(): single rows call ts_llm::bf16_linear
     matvec_batches: bool = False  # set by use_matvec(batches=True) over a wider copy: so do rows one per sequence
+    rounds: int = 1  # set by quantize(): how often the quantized kernels round x (EngineConfig.activations)
 
-    def quantize(self, w: Stored | list[Stored]) -> None:
-        """From now on compute from `w`: one quantized weight, or parts stacked along the output features."""
+    def quantize(self, w: Stored | list[Stored], rounds: int = 1) -> None:
+        """From now on compute from `w`: one quantized weight, or parts stacked along the output features;
+        x rounded to int8 `rounds` times (2: its rounding error too)."""
         del self.weight
         self.stored = nn.ModuleList(StoredWeight(p) for p in (w if isinstance(w, list) else [w]))
+        self.rounds = rounds
 
     @property
     def quantized(self) -> list[Stored] | None:
@@ -76,8 +79,8 @@ class Linear(nn.Linear):
         parts = self.quantized
         if parts is not None:
             if len(parts) == 1:
-                return quant_ops.quantized_linear(x, parts[0], self.bias)
-            y = torch.cat([quant_ops.quantized_linear(x, p) for p in parts], dim=-1)
+                return quant_ops.quantized_linear(x, parts[0], self.bias, self.rounds)
+            y = torch.cat([quant_ops.quantized_linear(x, p, rounds=self.rounds) for p in parts], dim=-1)
             return y if self.bias is None else y + self.bias.to(y.dtype)
         # guard_or_false: an unbacked batch (the batch>=2 graphs) is never one row; no guard added.
         one_row = guard_or_false(x.shape[:-1].numel() == 1)

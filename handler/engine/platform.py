@@ -283,20 +283,20 @@ def choose_path(plat: Platform, device_type: str, dtype: Dtype | Literal["auto"]
 
 def resolve(cfg: EngineConfig) -> tuple[EngineConfig, str]:
     """cfg with `auto` replaced by this machine's choice (idempotent; `quantization: auto` is gguf
-    when the checkpoint has a GGUF file and this is an x86-64 CPU, else none), and the path label
+    when the checkpoint has a GGUF file and this is an x86-64 CPU, else none; config.auto_dtype), and the path label
     "<profile>/<dtype>/packed-<packing>[/<quantization>]" the worker logs and exports. Raises PlatformError when
     an explicit choice cannot run here."""
     import torch
 
-    from handler.engine.config import find_gguf
+    from handler.engine.config import auto_dtype, find_gguf
 
     device_type = torch.device(cfg.device).type
     cuda_bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
     plat = current() if device_type == "cpu" else detect()
-    chosen = choose_path(plat, device_type, cfg.dtype, cfg.packed_weights, cuda_bf16)
     quantization = cfg.quantization
     if quantization == "auto":
         quantization = auto_quantization(device_type, find_gguf(cfg.checkpoint_dir) is not None)
+    chosen = choose_path(plat, device_type, auto_dtype(cfg.dtype, quantization, device_type), cfg.packed_weights, cuda_bf16)
     resolved = dataclasses.replace(cfg, dtype=chosen.dtype, packed_weights=chosen.packed, quantization=quantization)
     label = chosen.label(plat.profile) if device_type == "cpu" else f"{device_type}/{chosen.dtype}"
     if quantization != "none":

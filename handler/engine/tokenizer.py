@@ -17,6 +17,9 @@ class ChatTemplateError(EngineError, ValueError):
     pass
 
 
+NO_CHAT_TEMPLATE = "this model has no chat template"  # how the 400 begins (serve.sh's demo reads it)
+
+
 @dataclass
 class Tokenizer:
     backend: HFTokenizer
@@ -58,7 +61,7 @@ class Tokenizer:
         """The model's chat template rendered as transformers renders it (a sandboxed Jinja with
         its `tojson` and `raise_exception`); a template that refuses the request says why."""
         if not self.chat_template:
-            raise ChatTemplateError("this model has no chat template; send `prompt` instead of `messages`")
+            raise ChatTemplateError(f"{NO_CHAT_TEMPLATE}; send `prompt` instead of `messages`")
         try:
             return self._template.render(messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens)
         except TemplateError as err:

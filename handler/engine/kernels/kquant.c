@@ -92,9 +92,20 @@ static inline void kq_halves(const KBlock *w, const int8_t *xq, i8v *lo, i8v *hi
 static inline i8v widen_u8(const uint8_t *p) { i8v v; for (int j = 0; j < 8; j++) v[j] = p[j]; return v; }
 static inline i8v widen_i8(const int8_t *p) { i8v v; for (int j = 0; j < 8; j++) v[j] = p[j]; return v; }
 
-/* y[r][0..8) for one row group and R x rows; inlined with constant bits, R, and scaled (sc and mn
- * present), so each form is its own loop. */
+/* One x row's scaled integer sums over one block (lane r: weight row r), from the row's rounded
+ * block at `at` of tile x. */
+static inline __attribute__((always_inline)) i8v kq_isum(int centred, int scaled, const KBlock *w, const RoundedTile *x,
+                                                          int64_t at, i8v sc_lo, i8v sc_hi) {
+    i8v lo, hi;
+    kq_halves(w, x->q + at * BLOCK, &lo, &hi);
+    if (centred) return (lo - 32 * x->qhalf[2 * at]) * sc_lo + (hi - 32 * x->qhalf[2 * at + 1]) * sc_hi;
+    return scaled ? (lo + hi) * sc_lo : lo + hi;
+}
+
+/* y[r][0..8) for one row group and R x rows, e: their rounding errors' tile or NULL; inlined with
+ * constant bits, R, scaled (sc and mn present) and e or a literal NULL, so each form is its own loop. */
 static inline __attribute__((always_inline)) void kq_group_rows(int bits, int scaled, int R, const RoundedTile *x,
+                                                                const RoundedTile *e,
                                                                 const uint8_t *q, const uint8_t *h, const void *sc,
                                                                 const uint8_t *mn, const uint16_t *d,
                                                                 const uint16_t *dmin, float *y, int64_t ldy,
@@ -116,60 +127,70 @@ static inline __attribute__((always_inline)) void kq_group_rows(int bits, int sc
             }
             for (int r = 0; r < R; r++) {
                 const int64_t at = b * R + r;
-                i8v lo, hi, isum;
-                kq_halves(&w, x->q + at * BLOCK, &lo, &hi);
-                if (centred) isum = (lo - 32 * x->qhalf[2 * at]) * sc_lo + (hi - 32 * x->qhalf[2 * at + 1]) * sc_hi;
-                else isum = scaled ? (lo + hi) * sc_lo : lo + hi;
+                const i8v isum = kq_isum(centred, scaled, &w, x, at, sc_lo, sc_hi);
                 acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x->scale[at], acc[r]);
-                if (!centred) offset[r] = fma8(block_min, (f8){0} + x->sum[at], offset[r]);
+                if (e) {  /* the rounding error's own product (rounds = 2) */
+                    const i8v esum = kq_isum(centred, scaled, &w, e, at, sc_lo, sc_hi);
+                    acc[r] = fma8(__builtin_convertvector(esum, f8), scale * e->scale[at], acc[r]);
+                }
+                if (!centred) offset[r] = fma8(block_min, (f8){0} + (e ? x->sum[at] + e->sum[at] : x->sum[at]), offset[r]);
             }
         }
     }
     for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] - offset[r]);
 }
 
-static inline __attribute__((always_inline)) void kq_group(int bits, int scaled, const RoundedTile *x, int64_t M,
-                                                           const uint8_t *q, const uint8_t *h, const void *sc,
+static inline __attribute__((always_inline)) void kq_group(int bits, int scaled, const RoundedTile *x,
+                                                           const RoundedTile *e, int64_t M, const uint8_t *q, const uint8_t *h, const void *sc,
                                                            const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
                                                            float *y, int64_t N, int64_t K, int64_t S) {
     int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) kq_group_rows(bits, scaled, TILE, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
+    for (; (t + 1) * TILE <= M; t++) kq_group_rows(bits, scaled, TILE, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
     switch (M - t * TILE) {
-        case 3: kq_group_rows(bits, scaled, 3, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 2: kq_group_rows(bits, scaled, 2, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 1: kq_group_rows(bits, scaled, 1, x + t, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 3: kq_group_rows(bits, scaled, 3, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 2: kq_group_rows(bits, scaled, 2, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 1: kq_group_rows(bits, scaled, 1, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
     }
 }
 
-/* One parallel loop over row groups per form (bits, scaled), so each is specialized. */
-#define KQ_LOOP(BITS, SCALED)                                                                                          \
+/* One parallel loop over row groups per form (bits, scaled, error tiles or none), so each is specialized. */
+#define KQ_LOOP(BITS, SCALED, E)                                                                                       \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
     for (int64_t g = 0; g < N / ROWS; g++)                                                                            \
-        kq_group(BITS, SCALED, x, M, q + g * K / BLOCK * 128, h + g * K / BLOCK * KQ_HIGH_BYTES(BITS),                \
+        kq_group(BITS, SCALED, x, E, M, q + g * K / BLOCK * 128, h + g * K / BLOCK * KQ_HIGH_BYTES(BITS),             \
                  SCALED ? (const uint8_t *)sc + g * K / BLOCK * sc_bytes : NULL,                                      \
                  SCALED && BITS != 6 ? mn + g * K / BLOCK * ROWS : NULL, d + g * K / S * ROWS,                         \
                  BITS == 6 ? NULL : dmin + g * K / S * ROWS, y + g * ROWS, N, K, S);
 
+#define KQ_FORMS(E)                                                                                                    \
+    if (bits == 6) {                                                                                                   \
+        KQ_LOOP(6, 1, E)                                                                                               \
+    } else if (bits == 5 && sc) {                                                                                      \
+        KQ_LOOP(5, 1, E)                                                                                               \
+    } else if (bits == 5) {                                                                                            \
+        KQ_LOOP(5, 0, E)                                                                                               \
+    } else if (sc) {                                                                                                   \
+        KQ_LOOP(4, 1, E)                                                                                               \
+    } else {                                                                                                           \
+        KQ_LOOP(4, 0, E)                                                                                               \
+    }
+
 /* bits 4, 5 (minimum form; sc and mn both given or both NULL) or 6 (centred, sc given, dmin NULL).
- * x [M, K], y [M, N] float32 and contiguous; N % 8 == 0, K % S == 0, S % 32 == 0. */
+ * x [M, K], y [M, N] float32 and contiguous; N % 8 == 0, K % S == 0, S % 32 == 0. rounds: as
+ * ts_llm_quantized_linear's (1: x rounded to int8 per block; 2: its rounding error too). */
 #ifdef __cplusplus
 extern "C"
 #endif
 void ts_llm_kquant_linear(int bits, const float *x_rows, const uint8_t *q, const uint8_t *h, const void *sc,
                           const uint8_t *mn, const uint16_t *d, const uint16_t *dmin, float *y, int64_t M, int64_t N,
-                          int64_t K, int64_t S, int threads) {
-    RoundedTile *x = round_tiles(x_rows, M, K);
+                          int64_t K, int64_t S, int rounds, int threads) {
+    RoundedTile *x = round_tiles(x_rows, M, K, rounds);
+    const RoundedTile *e = rounds == 2 ? x + (M + TILE - 1) / TILE : NULL;
     const int64_t sc_bytes = bits == 6 ? 2 * ROWS : ROWS;
-    if (bits == 6) {
-        KQ_LOOP(6, 1)
-    } else if (bits == 5 && sc) {
-        KQ_LOOP(5, 1)
-    } else if (bits == 5) {
-        KQ_LOOP(5, 0)
-    } else if (sc) {
-        KQ_LOOP(4, 1)
+    if (e) {
+        KQ_FORMS(e)
     } else {
-        KQ_LOOP(4, 0)
+        KQ_FORMS(NULL)
     }
     free(x);
 }

@@ -19,7 +19,9 @@
  * aarch64.
  *
  * Each x row is rounded to int8 per block of 32 so that each block's sums are integer dot products,
- * scaled once per block (and, for int4, m * sum(x) added from precomputed block sums of the rounded x); a row
+ * scaled once per block (and, for int4, m * sum(x) added from precomputed block sums of the rounded x).
+ * With rounds = 2 its rounding error is rounded the same way and multiplied too: x to ~15 bits, not
+ * 8, for twice the integer products (the `activations: fine` setting; docs/benchmarks.md). A row
  * is computed the same way whatever the rows beside it, so a sequence's logits do not depend on
  * the batch it is in. The quantized bytes are read from memory once per call: with several rows a
  * chunk of row groups meets every row while it is in cache. */
@@ -147,23 +149,31 @@ static inline void round_block(const float *x, int8_t *q, float *scale, float *s
 }
 #endif
 
-/* The M rows of x rounded, tile by tile, in one allocation: free() it. */
-static RoundedTile *round_tiles(const float *x, int64_t M, int64_t K) {
-    const int64_t blocks = K / BLOCK, tiles = (M + TILE - 1) / TILE;
-    char *mem = (char *)malloc(tiles * sizeof(RoundedTile) + M * (K + 5 * sizeof(float) * blocks));
+/* The M rows of x rounded, tile by tile, in one allocation: free() it. With rounds = 2 the tiles
+ * [tiles, 2 tiles) hold each block's rounding error (x - scale q), rounded the same way. */
+static RoundedTile *round_tiles(const float *x, int64_t M, int64_t K, int rounds) {
+    const int64_t blocks = K / BLOCK, tiles = (M + TILE - 1) / TILE, rows = rounds * M;
+    char *mem = (char *)malloc(rounds * tiles * sizeof(RoundedTile) + rows * (K + 5 * sizeof(float) * blocks));
     RoundedTile *out = (RoundedTile *)mem;
-    float *scales = (float *)(mem + tiles * sizeof(RoundedTile)), *sums = scales + M * blocks;
-    int32_t *qsums = (int32_t *)(sums + M * blocks), *halves = qsums + M * blocks;
-    int8_t *bytes = (int8_t *)(halves + 2 * M * blocks);
-    for (int64_t t = 0; t < tiles; t++) {
-        const int64_t first = t * TILE, R = M - first < TILE ? M - first : TILE;
+    float *scales = (float *)(mem + rounds * tiles * sizeof(RoundedTile)), *sums = scales + rows * blocks;
+    int32_t *qsums = (int32_t *)(sums + rows * blocks), *halves = qsums + rows * blocks;
+    int8_t *bytes = (int8_t *)(halves + 2 * rows * blocks);
+    for (int64_t t = 0; t < rounds * tiles; t++) {
+        /* x's rows row0.. of this tile; first: where its rounded rows start (error tiles: after all M) */
+        const int64_t row0 = t % tiles * TILE, first = t / tiles * M + row0, R = M - row0 < TILE ? M - row0 : TILE;
         RoundedTile tile = {bytes + first * K, scales + first * blocks, sums + first * blocks, qsums + first * blocks,
                             halves + 2 * first * blocks};
         for (int64_t i = 0; i < R; i++)
             for (int64_t b = 0; b < blocks; b++) {
                 const int64_t at = b * R + i;
-                round_block(x + (first + i) * K + b * BLOCK, tile.q + at * BLOCK, tile.scale + at, tile.sum + at,
-                            tile.qsum8 + at, tile.qhalf + 2 * at);
+                const float *xb = x + (row0 + i) * K + b * BLOCK;
+                float error[BLOCK];
+                if (t >= tiles) {  /* the first round's tile of this row: the same index, tiles earlier */
+                    const RoundedTile *done = out + t - tiles;
+                    for (int k = 0; k < BLOCK; k++) error[k] = xb[k] - done->scale[at] * (float)done->q[at * BLOCK + k];
+                    xb = error;
+                }
+                round_block(xb, tile.q + at * BLOCK, tile.scale + at, tile.sum + at, tile.qsum8 + at, tile.qhalf + 2 * at);
             }
         out[t] = tile;
     }
@@ -259,12 +269,12 @@ static inline void prefetch_block(int bits, const uint8_t *blk) {
 #endif
 }
 
-/* y[r][0..8) for one row group and R x rows (y rows ldy apart); inlined with constant bits, R and
- * (for int4) m or a literal NULL, so the accumulators stay in registers and each form is its own
+/* y[r][0..8) for one row group and R x rows (y rows ldy apart), e: their rounding errors' tile or
+ * NULL; inlined with constant bits, R, e or a literal NULL and (for int4) m or a literal NULL, so the accumulators stay in registers and each form is its own
  * loop. Each x row's arithmetic is the same whatever R is. */
-static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedTile *x, const uint8_t *q,
-                                                             const uint16_t *d, const uint16_t *m, float *y,
-                                                             int64_t ldy, int64_t K, int64_t G) {
+static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedTile *x, const RoundedTile *e,
+                                                             const uint8_t *q, const uint16_t *d, const uint16_t *m,
+                                                             float *y, int64_t ldy, int64_t K, int64_t G) {
     const int minimum = bits == 4 && m != NULL, centred = bits == 4 && m == NULL;  /* Q4_1-like, Q4_0-like */
     f8 acc[4] = {{0}}, offset[4] = {{0}};
     /* groups outside, their blocks inside: no division per block (an idiv cost more than a block's dot products) */
@@ -278,23 +288,28 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
                 i8v isum = block_isum(bits, &w, x->q + at * BLOCK);
                 if (centred) isum -= x->qsum8[at];
                 acc[r] = fma8(__builtin_convertvector(isum, f8), scale * x->scale[at], acc[r]);
-                if (minimum) offset[r] = fma8(min, (f8){0} + x->sum[at], offset[r]);
+                if (e) {  /* the rounding error's own product (rounds = 2) */
+                    i8v esum = block_isum(bits, &w, e->q + at * BLOCK);
+                    if (centred) esum -= e->qsum8[at];
+                    acc[r] = fma8(__builtin_convertvector(esum, f8), scale * e->scale[at], acc[r]);
+                }
+                if (minimum) offset[r] = fma8(min, (f8){0} + (e ? x->sum[at] + e->sum[at] : x->sum[at]), offset[r]);
             }
         }
     }
     for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] + offset[r]);
 }
 
-/* one row group against the M x rows, a tile at a time */
-static inline __attribute__((always_inline)) void group(int bits, const RoundedTile *x, int64_t M, const uint8_t *q,
-                                                        const uint16_t *d, const uint16_t *m, float *y, int64_t N,
-                                                        int64_t K, int64_t G) {
+/* one row group against the M x rows, a tile at a time (e: the error tiles, or NULL) */
+static inline __attribute__((always_inline)) void group(int bits, const RoundedTile *x, const RoundedTile *e, int64_t M,
+                                                        const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
+                                                        int64_t N, int64_t K, int64_t G) {
     int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) group_rows(bits, TILE, x + t, q, d, m, y + t * TILE * N, N, K, G);
+    for (; (t + 1) * TILE <= M; t++) group_rows(bits, TILE, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G);
     switch (M - t * TILE) {
-        case 3: group_rows(bits, 3, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
-        case 2: group_rows(bits, 2, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
-        case 1: group_rows(bits, 1, x + t, q, d, m, y + t * TILE * N, N, K, G); break;
+        case 3: group_rows(bits, 3, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
+        case 2: group_rows(bits, 2, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
+        case 1: group_rows(bits, 1, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
     }
 }
 
@@ -303,21 +318,29 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedT
 /* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
  * depend on the rows beside it. The weights are read from memory once per call: one row group at
  * a time, each loaded block shared by TILE x rows. */
-static void linear(int bits, const RoundedTile *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
+/* One parallel loop over row groups per form (bits, m or none, error tiles or none), so each is specialized. */
+#define LINEAR_LOOP(BITS, MIN, E)                                                                                      \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
+    for (int64_t g = 0; g < N / ROWS; g++)                                                                            \
+        group(BITS, x, E, M, q + g * stride, d + g * groups * ROWS, MIN ? m + g * groups * ROWS : NULL, y + g * ROWS,  \
+              N, K, G);
+
+/* e: x's rounding errors, rounded (round_tiles' second round), or NULL */
+static void linear(int bits, const RoundedTile *x, const RoundedTile *e, const uint8_t *q, const uint16_t *d,
+                   const uint16_t *m, float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
     const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits);
-    if (bits == 8) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < N / ROWS; g++)
-            group(8, x, M, q + g * stride, d + g * groups * ROWS, NULL, y + g * ROWS, N, K, G);
+    if (bits == 8 && e) {
+        LINEAR_LOOP(8, 0, e)
+    } else if (bits == 8) {
+        LINEAR_LOOP(8, 0, NULL)
+    } else if (m == NULL && e) {
+        LINEAR_LOOP(4, 0, e)
     } else if (m == NULL) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < N / ROWS; g++)
-            group(4, x, M, q + g * stride, d + g * groups * ROWS, NULL, y + g * ROWS, N, K, G);
+        LINEAR_LOOP(4, 0, NULL)
+    } else if (e) {
+        LINEAR_LOOP(4, 1, e)
     } else {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < N / ROWS; g++)
-            group(4, x, M, q + g * stride, d + g * groups * ROWS, m + g * groups * ROWS, y + g * ROWS, N, K, G);
+        LINEAR_LOOP(4, 1, NULL)
     }
 }
 
@@ -401,19 +424,20 @@ int64_t ts_llm_built_features(void) {
     return f;
 }
 
-/* bits 8 or 4; m NULL for int8 and for int4 stored as d * (q - 8). x [M, K], y [M, N], both float32 and contiguous; N % 8 == 0. */
+/* bits 8 or 4; m NULL for int8 and for int4 stored as d * (q - 8). x [M, K], y [M, N], both float32 and contiguous;
+ * N % 8 == 0. rounds: 1 (x rounded to int8 per block) or 2 (its rounding error too; no AMX tiles). */
 #ifdef __cplusplus
 extern "C"
 #endif
 void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m,
-                             float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
+                             float *y, int64_t M, int64_t N, int64_t K, int64_t G, int rounds, int threads) {
 #if defined(HAVE_TILES)
-    if (M >= AMX_MIN_ROWS) {
+    if (M >= AMX_MIN_ROWS && rounds == 1) {
         tiles_linear(bits, x, q, d, m, y, M, N, K, G, threads);
         return;
     }
 #endif
-    RoundedTile *tiles = round_tiles(x, M, K);
-    linear(bits, tiles, q, d, m, y, M, N, K, G, threads);
+    RoundedTile *tiles = round_tiles(x, M, K, rounds);
+    linear(bits, tiles, rounds == 2 ? tiles + (M + TILE - 1) / TILE : NULL, q, d, m, y, M, N, K, G, threads);
     free(tiles);
 }

@@ -61,9 +61,12 @@ Tensor linear_rows(const char *op, const Tensor &x, int64_t N, const std::option
 
 int threads() { return static_cast<int>(torch::stable::get_num_threads()); }
 
-Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> m, std::optional<Tensor> bias) {
+Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> m, std::optional<Tensor> bias,
+                            int64_t rounds) {
     // q, d, m in the kernels' layout (layout.py's pack()): q [N/8, K/32, 256 (int8) or 128 (int4)],
-    // d and m float16 [N/8, K/G, 8]; int4 without m is d * (q - 8)
+    // d and m float16 [N/8, K/G, 8]; int4 without m is d * (q - 8). rounds: how often x is rounded to
+    // int8 (1; 2: its rounding error too, quantized.c)
+    STD_TORCH_CHECK(rounds == 1 || rounds == 2, "quantized_linear: rounds must be 1 or 2, got ", rounds);
     STD_TORCH_CHECK(x.dim() > 0, "quantized_linear: x must have a feature dimension");
     const int64_t K = x.size(-1);
     const int bits = q.scalar_type() == ScalarType::Char ? 8 : 4;
@@ -85,12 +88,14 @@ Tensor quantized_linear_cpu(Tensor x, Tensor q, Tensor d, std::optional<Tensor> 
         ts_llm_quantized_linear(bits, rows, static_cast<const uint8_t *>(q.const_data_ptr()),
                                 static_cast<const uint16_t *>(d.const_data_ptr()),
                                 m ? static_cast<const uint16_t *>(m->const_data_ptr()) : nullptr, out, M, N, K,
-                                K / d.size(1), threads());
+                                K / d.size(1), static_cast<int>(rounds), threads());
     });
 }
 
 Tensor kquant_linear_cpu(Tensor x, Tensor q, std::optional<Tensor> h, std::optional<Tensor> sc,
-                         std::optional<Tensor> mn, Tensor d, std::optional<Tensor> dmin, std::optional<Tensor> bias) {
+                         std::optional<Tensor> mn, Tensor d, std::optional<Tensor> dmin, std::optional<Tensor> bias,
+                         int64_t rounds) {
+    STD_TORCH_CHECK(rounds == 1 || rounds == 2, "kquant_linear: rounds must be 1 or 2, got ", rounds);
     // kquant.c's layout (quant/kquant.py's pack()): q uint8 [N/8, K/32, 128], h uint8 [N/8, K/32, 32 or 64]
     // (5 or 6 bits), sc uint8 [N/8, K/32, 8] (int8 [N/8, K/32, 2, 8] for 6 bits), mn uint8 like sc (4 and 5
     // bits), d and dmin float16 [N/8, K/S, 8] (no dmin for 6 bits)
@@ -127,7 +132,7 @@ Tensor kquant_linear_cpu(Tensor x, Tensor q, std::optional<Tensor> h, std::optio
         ts_llm_kquant_linear(bits, rows, static_cast<const uint8_t *>(q.const_data_ptr()), bytes(h), bytes(sc), bytes(mn),
                              static_cast<const uint16_t *>(d.const_data_ptr()),
                              dmin ? static_cast<const uint16_t *>(dmin->const_data_ptr()) : nullptr, out, M, N, K,
-                             K / d.size(1), threads());
+                             K / d.size(1), static_cast<int>(rounds), threads());
     });
 }
 

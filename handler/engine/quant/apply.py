@@ -17,7 +17,7 @@ from typing import cast
 import torch
 
 from handler.engine.checkpoint import Checkpoint
-from handler.engine.config import EngineConfig
+from handler.engine.config import ACTIVATION_ROUNDS, EngineConfig
 from handler.engine.kernels import build
 from handler.engine.linear import QuantizedEmbedding, StoredWeight
 from handler.engine.model import Transformer, projections
@@ -56,13 +56,14 @@ def quantize_model(model: Transformer, ckpt: Checkpoint, cfg: EngineConfig) -> N
             raise QuantizationError(f"{name}: quantized weight is {shape}, the model expects "
                                     f"{(linear.out_features, linear.in_features)}")
         try:
-            linear.quantize([p.pack() for p in parts])  # the CPU kernels' layout (other devices dequantize it)
+            linear.quantize([p.pack() for p in parts], ACTIVATION_ROUNDS[cfg.activations])  # the CPU kernels' layout
         except QuantizationError as err:
             raise QuantizationError(f"{name}: {err}") from err
     if gguf is not None:
         model.tok_embeddings = _embedding(gguf, model)
     build.load()  # built now (~15 s the first time on a machine), not during the first request
-    log.info("projections quantized: %s%s", cfg.quantization, f" ({gguf.path.name})" if gguf else "")
+    log.info("projections quantized: %s%s; activations %s", cfg.quantization, f" ({gguf.path.name})" if gguf else "",
+             cfg.activations)
 
 
 def _embedding(gguf: GGUFWeights, model: Transformer) -> torch.nn.Module:

@@ -56,13 +56,14 @@ def test_rows_select_whole_rows_with_their_scales():
     assert torch.equal(kquant.dequantize(w.rows(order)), kquant.dequantize(w)[order])
 
 
-def _check(y: torch.Tensor, x: torch.Tensor, w: KQuantWeight) -> None:
+def _check(y: torch.Tensor, x: torch.Tensor, w: KQuantWeight, rounds: int = 1) -> None:
     ref_w = ops.dequantize(w).double()
     rows = x.double().reshape(-1, ref_w.shape[1])
     ref = rows @ ref_w.T
-    # x rounded to int8 per block of 32 (error <= 1/254 of the block's largest |x|); float32 sums
+    # x rounded to int8 per block of 32 (error <= 1/254 of the block's largest |x|; rounds 2: that
+    # error rounded too, to 1/254 of its own); float32 sums
     block_max = rows.abs().view(rows.shape[0], -1, 32).amax(-1).repeat_interleave(32, -1)
-    bound = (block_max @ ref_w.abs().T) / 254 + (rows.abs() @ ref_w.abs().T) * 1e-5 + 1e-5
+    bound = (block_max @ ref_w.abs().T) / 254 ** rounds + (rows.abs() @ ref_w.abs().T) * 1e-5 + 1e-5
     err = (y.double().reshape(ref.shape) - ref).abs()
     assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
 
@@ -75,12 +76,23 @@ def test_kernel_matches_dequantized_product(kind, rows):
     _check(ops.quantized_linear(x, w), x, w)
 
 
+@pytest.mark.parametrize("kind", list(FORMATS))
+@pytest.mark.parametrize("rows", [1, 5])
+def test_two_rounds_leave_only_the_error_of_the_error(kind, rows):
+    w = kquant.from_blocks(kind, _blocks(kind, 24, 512, seed=3)).pack()
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    y = ops.quantized_linear(x, w, rounds=2)
+    _check(y, x, w, rounds=2)
+    assert not torch.equal(y, ops.quantized_linear(x, w))
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
-def test_a_row_gets_the_same_result_in_any_batch(kind):
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_row_gets_the_same_result_in_any_batch(kind, rounds):
     w = kquant.from_blocks(kind, _blocks(kind, 16, 256, seed=4)).pack()
     x = torch.randn(7, 256, generator=torch.Generator().manual_seed(5))
-    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(7)])
-    assert torch.equal(ops.quantized_linear(x, w), alone)
+    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w, rounds=rounds) for i in range(7)])
+    assert torch.equal(ops.quantized_linear(x, w, rounds=rounds), alone)
 
 
 def test_bias_and_leading_dims_and_dtype_kept():

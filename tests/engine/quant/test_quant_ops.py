@@ -22,16 +22,16 @@ def _weights(bits: int | str, n: int, k: int, group: int) -> QuantizedWeight:
     return (QuantizedWeight(w.q, w.d) if bits == "4c" else w).pack()
 
 
-def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+def _check(y: torch.Tensor, x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, rounds: int = 1) -> None:
     ref_w = ops.dequantize(w).double()
     ref = x.double().reshape(-1, ref_w.shape[1]) @ ref_w.T
     if bias is not None:
         ref = ref + bias.double()
     rows = x.double().reshape(-1, ref_w.shape[1])
     # x is rounded to int8 per 32-block, each value off by at most 1/254 of its block's largest
-    # |x|; sums are float32.
+    # |x|; with rounds 2 so is that error, to 1/254 of its own (<= 1/254 of x's); sums are float32.
     block_max = rows.abs().view(rows.shape[0], -1, 32).amax(-1).repeat_interleave(32, -1)
-    rounding = (block_max @ ref_w.abs().T) / 254
+    rounding = (block_max @ ref_w.abs().T) / 254 ** rounds
     bound = rounding + (rows.abs() @ ref_w.abs().T) * 1e-5 + 1e-5
     err = (y.double().reshape(ref.shape) - ref).abs()
     assert (err <= bound).all(), f"max error {err.max():.3g}, bound there {bound.flatten()[err.argmax()]:.3g}"
@@ -44,6 +44,16 @@ def test_matches_dequantized_product(bits, n, k, rows):
     w = _weights(bits, n, k, 32)
     x = torch.randn(rows, k)
     _check(ops.quantized_linear(x, w), x, w)
+
+
+@pytest.mark.parametrize("bits", [8, 4, "4c"])
+@pytest.mark.parametrize("rows", [1, 3, 5, 16])
+def test_two_rounds_leave_only_the_error_of_the_error(bits, rows):
+    w = _weights(bits, 40, 320, 32)
+    x = torch.randn(rows, 320)
+    y = ops.quantized_linear(x, w, rounds=2)
+    _check(y, x, w, rounds=2)
+    assert not torch.equal(y, ops.quantized_linear(x, w))  # the second round is taken
 
 
 @pytest.mark.parametrize("bits", [4, "4c"])
@@ -130,8 +140,9 @@ def test_a_row_gets_the_same_result_in_any_batch(bits, n, rows):
     # the last one without a partner
     w = _weights(bits, n, 1536, 32)  # several row-group chunks
     x = torch.randn(rows, 1536)
-    alone = torch.cat([ops.quantized_linear(x[i:i + 1], w) for i in range(rows)])
-    assert torch.equal(ops.quantized_linear(x, w), alone)
+    for rounds in (1, 2):
+        alone = torch.cat([ops.quantized_linear(x[i:i + 1], w, rounds=rounds) for i in range(rows)])
+        assert torch.equal(ops.quantized_linear(x, w, rounds=rounds), alone)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -177,3 +188,9 @@ def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(bits):
     embedding = QuantizedEmbedding(StoredWeight(w), torch.bfloat16)
     tokens = torch.tensor([3, 23, 0, 9])
     assert torch.equal(embedding(tokens), ops.dequantize(w)[tokens].to(torch.bfloat16))
+
+
+def test_rounds_other_than_one_or_two_are_refused():
+    w = _weights(4, 8, 64, 32)
+    with pytest.raises(RuntimeError, match="quantized_linear: rounds must be 1 or 2, got 3"):
+        torch.ops.ts_llm.quantized_linear(torch.randn(1, 64), w.q, w.d, w.m, None, 3)
