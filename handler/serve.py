@@ -90,7 +90,9 @@ def ask(base: str, headers: dict, model: str, question: str) -> str:
                       json={**body, "messages": [{"role": "user", "content": question}]})
     if r.status_code == 400 and _message(r).startswith(NO_CHAT_TEMPLATE):
         print(f"({NO_CHAT_TEMPLATE}: asking on the completions route)")
-        r = requests.post(f"{base}/completions", headers=headers, timeout=120, json={**body, "prompt": question})
+        # a base model continues text: the question as the start of a question-and-answer
+        r = requests.post(f"{base}/completions", headers=headers, timeout=120,
+                          json={**body, "prompt": f"Q: {question}\nA:"})
         if r.ok:
             return r.json()["choices"][0]["text"]
     if not r.ok:

@@ -1,7 +1,14 @@
-"""serve.sh's entry point (handler.serve): errors it answers before starting anything."""
+"""serve.sh's entry point (handler.serve): errors it answers before starting anything, and --help."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 from handler.engine.compiled.warm_start import SWITCHED
 from handler.engine.platform import PROFILE_ENV
 from handler.serve import compile_status, main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_serve_sh_with_an_unknown_cpu_profile_is_a_one_line_error(monkeypatch, capsys):
@@ -20,3 +27,23 @@ def test_compile_status_names_the_latest_graph_compiling():
 
 def test_compile_status_says_when_compiled_steps_serve():
     assert compile_status(f"... compiling graph 4 of 4 ...\n... {SWITCHED}\n") == "Compiled steps are serving."
+
+
+def test_serve_sh_help_runs_on_a_bare_python_and_builds_nothing(tmp_path):
+    # serve.sh and the one module its --help runs, alone: no .venv, no model_store, no package installed
+    (tmp_path / "handler").mkdir()
+    for name in ("serve.sh", "handler/__init__.py", "handler/serve.py"):
+        shutil.copy(REPO / name, tmp_path / name)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    done = subprocess.run(["bash", "serve.sh", "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 0, done.stderr
+    assert "--model-name" in done.stdout
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "__pycache__" not in p.parts)
+    assert after == before
+
+
+def test_serve_sh_with_a_model_name_never_built_says_how_to_build_it(tmp_path, capsys):
+    assert main(["--model-store", str(tmp_path), "--model-name", "base"]) == 2
+    assert f"{tmp_path}/base.mar not found: build it first (./archive.sh --checkpoint DIR --model-name base)" \
+        in capsys.readouterr().err

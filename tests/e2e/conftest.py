@@ -1,6 +1,8 @@
 """A real TorchServe serving a real .mar of the default model, token auth on, started once."""
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -52,6 +54,18 @@ def running_server(tmp: Path, checkpoint: Path, batching: str, compile_mode: str
 def server(tmp_path_factory, default_checkpoint):
     """Continuous batching, compiled engine: the product's default shape."""
     yield from running_server(tmp_path_factory.mktemp("ts_continuous"), default_checkpoint, "continuous", "inductor", 1200)
+
+
+@pytest.fixture(scope="session")
+def no_template_server(tmp_path_factory, default_checkpoint):
+    """The default model with its chat template removed (a base model's shape), eager."""
+    tmp = tmp_path_factory.mktemp("ts_no_template")
+    checkpoint = tmp / "checkpoint"
+    shutil.copytree(default_checkpoint, checkpoint, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    yield from running_server(tmp, checkpoint, "dynamic", "eager", 300)
 
 
 @pytest.fixture(scope="session")

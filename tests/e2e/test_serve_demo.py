@@ -1,0 +1,13 @@
+"""serve.sh's demo question (handler.serve.ask) against a real TorchServe serving a model whose
+checkpoint has no chat template: it asks on the completions route and gets an answer."""
+from __future__ import annotations
+
+from handler.engine.tokenizer import NO_CHAT_TEMPLATE
+from handler.serve import QUESTION, ask
+
+
+def test_the_demo_asks_a_model_without_a_chat_template_on_the_completions_route(no_template_server, capsys):
+    ts = no_template_server
+    answer = ask(f"{ts.inference_url}/predictions/llm/1.0/v1", ts.headers(), "llm", QUESTION)
+    assert answer.strip()
+    assert f"({NO_CHAT_TEMPLATE}: asking on the completions route)" in capsys.readouterr().out
