@@ -89,7 +89,10 @@ class Live:
 
     @property
     def usage(self) -> Usage:
-        return Usage(len(self.req.prompt_ids), sum(s.completion_tokens for s in self.samples), self.cached_tokens)
+        """The client's counts: a resumed stream's engine prompt also holds the tokens sent before
+        the cut, so its cached tokens are counted only up to the client's prompt."""
+        prompt = len(self.req.prompt_ids)
+        return Usage(prompt, sum(s.completion_tokens for s in self.samples), min(self.cached_tokens, prompt))
 
 
 class BaseService:

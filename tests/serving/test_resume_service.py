@@ -99,7 +99,11 @@ def test_a_cut_seeded_ndjson_stream_resumes_with_the_resume_field(engine, record
                     [Incoming("r", {"resume": lines[-1]["id"]}, True)])["r"]
     more = [json.loads(line) for r in resumed for line in r.body.splitlines()]
     assert sent + "".join(m["text"] for m in more) == reference
-    assert more[-1]["usage"]["completion_tokens"] == 12, "usage counts the whole generation"
+    usage = more[-1]["usage"]
+    assert usage["completion_tokens"] == 12, "usage counts the whole generation"
+    # the resumed engine prompt (the client's and the 12 - n tokens sent) came from the prefix
+    # cache; the client's usage counts cached tokens of its own prompt only
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]
 
 
 def refusal(engine, records, inc):

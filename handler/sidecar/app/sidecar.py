@@ -231,8 +231,9 @@ class Sidecar:
 
     def budget_warnings(self) -> list[str]:
         """One line per notice this sidecar can get whose drain would leave the in-flight wait
-        less than min_wait_s with every reserve in full (see drain/plan.py budget_warning)."""
-        policy = self.config.drain_policy()
+        less than min_wait_s with every reserve in full (see drain/plan.py budget_warning), the
+        stop reserve as the drain would take it (a measured stop's, when there is one)."""
+        policy = self.drain_policy()
         found = (budget_warning(notice_s, source, setting, policy)
                  for notice_s, source, setting in wiring.notice_lengths(self.config))
         return [line for line in found if line is not None]

@@ -17,6 +17,7 @@ import requests
 
 from handler.sidecar.app.sidecar import Hooks, Sidecar
 from handler.sidecar.config import config_from_mapping
+from handler.sidecar.drain.stop_record import record_stop_seconds
 from handler.testing.metadata_emulator import MetadataEmulator
 from tests.support.fake_torchserve import FakeManagement
 
@@ -361,6 +362,19 @@ def test_defaults_with_a_cache_store_fit_a_30_s_budget_and_warn_below_it(
         assert text in signal_line, signal_line
     assert "publish" not in signal_line
     assert any("raise gcp_notice_s (--gcp-notice-s)" in line for line in lines)
+
+
+def test_the_budget_warning_takes_the_measured_stop(emulator: MetadataEmulator, management: FakeManagement,
+                                                    tmp_path: Path, caplog) -> None:
+    """Issue 62: an 8 s grace warned "leaves 0 s" with the default 10 s reserve while the drain
+    took a measured one; now the warning counts what the drain will reserve (2.5 s + 1 s)."""
+    record = tmp_path / "stop-seconds.json"
+    record_stop_seconds(record, 2.5)
+    config = settings(emulator, management, stop_reserve_s=10, signal_grace_s=8, stop_record_file=str(record))
+    with caplog.at_level(logging.WARNING), Sidecar(config):
+        pass
+    (line,) = budget_lines(caplog)
+    assert "a 8 s SIGTERM or drain request notice leaves 3.5 s" in line and "stop_reserve_s=3.5" in line, line
 
 
 def test_the_pod_settings_fit_the_budget(emulator: MetadataEmulator,
