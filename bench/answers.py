@@ -20,7 +20,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 from bench.common import REPO, versions, write_json, write_section

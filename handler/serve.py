@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 WORKDIR = Path("run")  # key_file.json, logs and TorchServe's pid file live here
 QUESTION = "What is the capital of France?"
@@ -85,7 +86,7 @@ def ask(base: str, headers: dict, model: str, question: str) -> str:
 
     from handler.engine.tokenizer import NO_CHAT_TEMPLATE
 
-    body = {"model": model, "max_tokens": 48, "temperature": 0}
+    body: dict[str, Any] = {"model": model, "max_tokens": 48, "temperature": 0}
     r = requests.post(f"{base}/chat/completions", headers=headers, timeout=120,
                       json={**body, "messages": [{"role": "user", "content": question}]})
     if r.status_code == 400 and _message(r).startswith(NO_CHAT_TEMPLATE):

@@ -22,7 +22,10 @@ def find_gguf(checkpoint_dir: Path) -> Path | None:
     return files[0] if files else None
 
 
-def auto_dtype(dtype: str, quantization: str, device_type: str) -> str:
+DtypeChoice = Literal["auto", "bfloat16", "float32"]
+
+
+def auto_dtype(dtype: DtypeChoice, quantization: str, device_type: str) -> DtypeChoice:
     """`dtype: auto` with quantized weights on CPU is float32: their products are float32 whatever the
     dtype, and bf16 activations between them change answers (the default model: 13 of 21 greedy
     answers as unrounded, against 20 in float32; docs/benchmarks.md "Faithful answers"), and were

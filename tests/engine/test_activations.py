@@ -10,7 +10,7 @@ import pytest
 from bench.answers import answers, questions
 from handler.engine.config import EngineConfig
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "answers_reference.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "answers_reference.json"
 
 
 @pytest.fixture(scope="module")
