@@ -270,8 +270,9 @@ static inline void prefetch_block(int bits, const uint8_t *blk) {
 }
 
 /* y[r][0..8) for one row group and R x rows (y rows ldy apart), e: their rounding errors' tile or
- * NULL; inlined with constant bits, R, e or a literal NULL and (for int4) m or a literal NULL, so the accumulators stay in registers and each form is its own
- * loop. Each x row's arithmetic is the same whatever R is. */
+ * NULL; inlined with constant bits, R, e or a literal NULL and (for int4) m or a literal NULL, so
+ * the accumulators stay in registers and each form is its own loop. Each x row's arithmetic is the
+ * same whatever R is. */
 static inline __attribute__((always_inline)) void group_rows(int bits, int R, const RoundedTile *x, const RoundedTile *e,
                                                              const uint8_t *q, const uint16_t *d, const uint16_t *m,
                                                              float *y, int64_t ldy, int64_t K, int64_t G) {
@@ -315,9 +316,6 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedT
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
 
-/* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
- * depend on the rows beside it. The weights are read from memory once per call: one row group at
- * a time, each loaded block shared by TILE x rows. */
 /* One parallel loop over row groups per form (bits, m or none, error tiles or none), so each is specialized. */
 #define LINEAR_LOOP(BITS, MIN, E)                                                                                      \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
@@ -325,7 +323,10 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedT
         group(BITS, x, E, M, q + g * stride, d + g * groups * ROWS, MIN ? m + g * groups * ROWS : NULL, y + g * ROWS,  \
               N, K, G);
 
-/* e: x's rounding errors, rounded (round_tiles' second round), or NULL */
+/* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
+ * depend on the rows beside it. The weights are read from memory once per call: one row group at
+ * a time, each loaded block shared by TILE x rows. e: x's rounding errors, rounded (round_tiles'
+ * second round), or NULL. */
 static void linear(int bits, const RoundedTile *x, const RoundedTile *e, const uint8_t *q, const uint16_t *d,
                    const uint16_t *m, float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
     const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits);
