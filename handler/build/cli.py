@@ -62,6 +62,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="continuous batching: step only inside a call, not while the frontend sends the next one")
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
+    p.add_argument("--resume-store", metavar="URI", help="where a stream cut by a drain leaves its record for another "
+                   "replica to resume (s3://bucket/prefix or a directory every replica reaches; unset: cut streams "
+                   "are not resumable)")
+    p.add_argument("--resume-aws-endpoint-url", metavar="URL", help="S3 endpoint of an s3:// --resume-store")
+    p.add_argument("--resume-public-key", metavar="PEM", help="refuse records not signed by the fleet's Ed25519 key "
+                   "(the path on the replicas)")
+    p.add_argument("--resume-signing-key", metavar="PEM", help="sign the records this replica writes (the path on "
+                   "the replicas)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
                    "artifact into the .mar: workers on a machine like this one load it in seconds instead of compiling")
     p.add_argument("--aot-store", metavar="URI", help="compile the engine now and publish the artifact to this "
@@ -88,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
-        if args.drain_flag_file:
-            handler["drain_flag_file"] = args.drain_flag_file
+        for key in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_public_key",
+                    "resume_signing_key"):
+            if getattr(args, key):
+                handler[key] = getattr(args, key)
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
         args.model_store.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".build-", dir=args.model_store) as tmp:

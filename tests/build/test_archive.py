@@ -47,3 +47,14 @@ def test_archive_sh_with_an_unknown_cpu_profile_is_a_one_line_error(capsys):
     assert main(["--cpu-profile", "avx3"]) == 2
     assert "archive.sh: error: TS_LLM_CPU_PROFILE='avx3' is not a profile" in capsys.readouterr().err
 
+
+
+def test_archive_sh_sets_the_resume_store(tmp_path, default_checkpoint):
+    # issue 62: the tester had to edit model-config.yaml inside the .mar to turn resume on
+    store = tmp_path / "resume"
+    assert main(["--checkpoint", str(default_checkpoint), "--model-store", str(tmp_path), "--compile", "eager",
+                 "--resume-store", str(store), "--resume-public-key", "/keys/fleet.pub"]) == 0
+    with zipfile.ZipFile(tmp_path / "llm.mar") as z:
+        handler = yaml.safe_load(z.read("model-config.yaml"))["handler"]
+    assert handler["resume_store"] == str(store) and handler["resume_public_key"] == "/keys/fleet.pub"
+    assert "resume_signing_key" not in handler
