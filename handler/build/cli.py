@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
-        for key in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_public_key",
-                    "resume_signing_key"):
-            if getattr(args, key):
-                handler[key] = getattr(args, key)
+        for option in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_public_key",
+                       "resume_signing_key"):
+            if getattr(args, option):
+                handler[option] = getattr(args, option)
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)
         args.model_store.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".build-", dir=args.model_store) as tmp:
