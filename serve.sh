@@ -12,7 +12,7 @@ done
 if [ "${1:-}" = "--stop" ]; then exec .venv/bin/python -m handler.serve --stop; fi
 ./setup.sh
 case " $* " in
-  *" --model-name "*) ;;  # an archive archive.sh built, served as it is
+  *" --model-name "* | *" --model-name="*) ;;  # an archive archive.sh built, served as it is
   *) ./archive.sh ;;
 esac
 exec .venv/bin/python -m handler.serve "$@"

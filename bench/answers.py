@@ -28,6 +28,7 @@ from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.factory import build_engine
 from handler.engine.quant import ops
 from handler.engine.sampling import SamplingParams
+from handler.engine.tokenizer import Tokenizer
 
 PROMPTS = Path(__file__).resolve().parent / "data" / "answers.json"
 FIXTURE = REPO / "tests" / "fixtures" / "answers_reference.json"
@@ -89,7 +90,7 @@ def main() -> None:
     common = {"checkpoint_dir": checkpoint, "max_batch_size": len(texts), "max_seq_len": 256}
     with unrounded():
         ref, ref_path = answers(EngineConfig(**common, compile="eager", quantization="gguf", dtype="float32"), texts)
-    tok = build_engine(EngineConfig(**common, compile="eager", quantization="none")).engine.tokenizer
+    tok = Tokenizer.from_dir(checkpoint)
     paths = {}
     for activations in args.activations:
         got, path = answers(EngineConfig(**common, activations=activations, warm_start="blocking"), texts)

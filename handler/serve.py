@@ -94,11 +94,15 @@ def ask(base: str, headers: dict, model: str, question: str) -> str:
         # a base model continues text: the question as the start of a question-and-answer
         r = requests.post(f"{base}/completions", headers=headers, timeout=120,
                           json={**body, "prompt": f"Q: {question}\nA:"})
-        if r.ok:
-            return r.json()["choices"][0]["text"]
+        return _first_choice(r)["text"]
+    return _first_choice(r)["message"]["content"]
+
+
+def _first_choice(r) -> dict:
+    """The response's first choice; DemoError with the server's status and message when it refused."""
     if not r.ok:
         raise DemoError(f"{r.status_code}: {_message(r)}")
-    return r.json()["choices"][0]["message"]["content"]
+    return r.json()["choices"][0]
 
 
 def _message(r) -> str:
