@@ -1,7 +1,7 @@
 """On a shared CPU (issue 58): ours and llama-server on the same int4 file, each quiet, then beside
 one single-threaded busy process at nice 0 and at nice 19, then beside the sidecar polling the
-metadata emulator as in the pod; ours also as the code before the bounded spin (libgomp's default
-wait, GOMP_SPINCOUNT=300000: the only difference), in the same run.
+metadata emulator as in the pod; ours also as the code before issue 58 (`threading: openmp`, every
+loop in torch's libgomp team, with libgomp's default wait, GOMP_SPINCOUNT=300000), in the same run.
 
     .venv/bin/python -m bench.contention                  # the default model, 1 and 16 clients
     .venv/bin/python -m bench.contention --model 1b       # the Llama-3.2-1B body (docs/results/contention_1b.json)
@@ -40,6 +40,7 @@ from handler.engine.kernels import threads
 
 CONDITIONS = ("quiet", "nice19", "nice0", "sidecar")
 BEFORE_SPIN = str(threads.LIBGOMP_DEFAULT)  # the code before issue 58 started workers with libgomp's default
+BEFORE = ["threading=openmp"]  # ...and ran the products in torch's OpenMP team
 LLAMACPP_TYPE = "Q4_0"  # llama.cpp's fastest 4-bit type on x86 (bench.peer's runs)
 
 
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--requests", type=int, nargs="+", default=[12, 48])
     p.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS))
     p.add_argument("--before-conditions", nargs="+", choices=CONDITIONS, default=["quiet", "nice0"],
-                   help="the conditions the code before the bounded spin runs in (slow beside a busy process)")
+                   help="the conditions the code before issue 58 runs in (slow beside a busy process)")
     p.add_argument("--before-requests", type=int, nargs="+", default=[3, 16],
                    help="its requests per level beside a busy process (tokens come seconds apart there)")
     p.add_argument("--warmup-s", type=float, default=30)
@@ -125,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {
             "ours": stack.enter_context(peer.ours_server("int4", checkpoint, gguf, args, Path(tmp))),
-            "ours_before": stack.enter_context(peer.ours_server("int4", checkpoint, gguf, args, Path(tmp),
+            "ours_before": stack.enter_context(peer.ours_server("int4", checkpoint, gguf, before_args(args), Path(tmp),
                                                                 env={"GOMP_SPINCOUNT": BEFORE_SPIN}, name="before")),
             "llama.cpp": stack.enter_context(peer.llamacpp_server(LLAMACPP_TYPE, build, gguf, args, Path(tmp))),
         }
@@ -152,6 +153,11 @@ def main() -> None:
     write_json(f"{args.out}.json", result)
     plot(result, RESULTS / f"{args.out}.png")
     write_section(args.out, markdown(result, " ".join(sys.argv[1:])))
+
+
+def before_args(args):
+    """bench.peer's arguments for the code before issue 58: ours with `threading: openmp`."""
+    return argparse.Namespace(**{**vars(args), "handler_set": [*args.handler_set, *BEFORE]})
 
 
 def run_at(results: dict, key: str, condition: str, c: int) -> dict | None:
@@ -222,8 +228,9 @@ def markdown(r: dict, argv: str) -> str:
         "",
         f"`python -m bench.contention {argv}`: {r['model']}, int4 ({r['gguf']}: ours and llama-server serve the "
         f"same file), {r['output_tokens']} tokens a request, greedy, {r['batch_size']} slots; "
-        f"{r['versions']['machine']}. Ours waits with GOMP_SPINCOUNT={r['spin_count']}; `ours_before` is the same "
-        f"code with libgomp's default ({r['before_spin_count']}), the wait before issue 58. RSS after the run: {rss}.",
+        f"{r['versions']['machine']}. Ours runs its products in the kernels' own pool (`threading: pool`, torch's ops "
+        f"on one thread, GOMP_SPINCOUNT={r['spin_count']}); `ours_before` is the code before issue 58: "
+        f"`threading: openmp` with libgomp's default wait ({r['before_spin_count']}). RSS after the run: {rss}.",
         "",
         "| server | beside | clients | tok/s | first token p50 (ms) | gap p50 (ms) | gap p99 (ms) |",
         "|---|---|---|---|---|---|---|",

@@ -11,6 +11,7 @@ import torch
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PACKINGS = ("auto", "off", "bfloat16", "float32")
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
+THREADINGS = ("pool", "openmp")
 ACTIVATION_ROUNDS = {"fine": 2, "int8": 1}  # activations -> how often the quantized kernels round x (quantized.c)
 
 
@@ -63,8 +64,12 @@ class EngineConfig:
     # error the same way (~15 bits: the default model answers as it does unrounded, docs/benchmarks.md
     # "Faithful answers"); "int8" rounds it once, as llama.cpp's Q8 activations do (fewer integer products).
     activations: Literal["fine", "int8"] = "fine"
+    # Who runs the quantized products' threads on CPU (handler.engine.kernels.threads): "pool", the
+    # kernels' own (a thread that lost its core to another process holds nobody up; torch's own ops
+    # then run on one thread), or "openmp", torch's libgomp team for everything, as before issue 58.
+    threading: Literal["pool", "openmp"] = "pool"
     cuda_graphs: bool = True  # decode under CUDA graphs on CUDA devices
-    threads: int | None = None  # torch intra-op threads on CPU; None keeps torch's default
+    threads: int | None = None  # the products' threads on CPU (threading); None: torch's default (the cores)
     # Padded prompt tokens prefilled per step, all new sequences together (a multiple of 16):
     # longer prompts are prefilled in chunks between decode steps, so running streams keep going.
     prefill_chunk: int = 512
@@ -81,6 +86,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.activations not in ACTIVATION_ROUNDS:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATION_ROUNDS)}, got {self.activations!r}")
+        if self.threading not in THREADINGS:
+            raise ValueError(f"threading must be one of {', '.join(THREADINGS)}, got {self.threading!r}")
         if self.group_size < 32 or self.group_size % 32:
             raise ValueError(f"group_size must be a positive multiple of 32, got {self.group_size}")
         if self.compile not in ("inductor", "eager"):

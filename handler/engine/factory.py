@@ -56,9 +56,7 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     cfg, path = platform.resolve(cfg)
     log.info("engine path %s: %s (asked dtype=%s, packed_weights=%s)", path, platform.detect().describe(), asked.dtype,
              asked.packed_weights)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    settings = threads.in_force(torch.get_num_threads())
+    settings = threads.take(cfg) if torch.device(cfg.device).type == "cpu" else threads.in_force(cfg)
     log.info("engine threads: %s", settings.describe())
     if not settings.bounded:
         log.warning("engine threads wait by spinning (%s): beside another busy process tokens come seconds apart; "

@@ -26,6 +26,7 @@ from handler.engine import platform
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.compiled import aot
 from handler.engine.config import EngineConfig
+from handler.engine.kernels.threads import graph_threads
 from handler.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,10 @@ def _recorded_digest(ckpt: Checkpoint) -> str | None:
 
 def artifact_config(cfg: EngineConfig, threads: int | None = None) -> dict:
     """Everything besides versions, device and weights that the compiled code depends on;
-    `threads`: the worker's torch threads (default: cfg.threads, else this process's count)."""
+    `threads`: the worker's torch threads (default: what `cfg` gives torch, threads.graph_threads)."""
     conf = {"engine": cfg.compile_signature(), "aot_format": aot.FORMAT}
     if torch.device(cfg.device).type == "cpu":
-        conf["cpu"] = cpu_code_target(threads or cfg.threads or torch.get_num_threads())
+        conf["cpu"] = cpu_code_target(threads or graph_threads(cfg))
     return conf
 
 

@@ -1,4 +1,4 @@
-"""The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c) and the ops' C++ entries (torch_op.cpp), built
+"""The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c), their threads (pool.c) and the ops' C++ entries (torch_op.cpp), built
 and loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
 ts_llm::quantized_linear, ts_llm::kquant_linear and ts_llm::bf16_linear (their schemas may be
 defined before or after).
@@ -26,8 +26,8 @@ from handler.engine import EngineError, platform
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
-TARGETED = SOURCES[:3]  # the quantized kernels: built with the CPU's extra targets
+                for name in ("pool.c", "quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
+TARGETED = SOURCES[1:4]  # the quantized kernels: built with the CPU's extra targets
 # The quantized kernels' paths beyond plain vectors (quantized_paths) and the GCC targets that give
 # each: VNNI in its AVX-512 or its AVX encoding; AMX-INT8 tiles (the platform lists both together).
 PATH_TARGETS = {"vnni": ("avx512vnni", "avxvnni"), "amx": ("amx-tile", "amx-int8")}
@@ -52,7 +52,8 @@ class KernelMismatchError(EngineError, RuntimeError):
 def source(targets: tuple[str, ...]) -> str:
     """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
     the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
-    return "\n".join([quantized_source(targets), *(p.read_text() for p in SOURCES if p not in TARGETED)])
+    pool, *rest = (p.read_text() for p in SOURCES if p not in TARGETED)  # the loops' threads first: all use them
+    return "\n".join([pool, quantized_source(targets), *rest])
 
 
 def quantized_source(targets: tuple[str, ...]) -> str:

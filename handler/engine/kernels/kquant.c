@@ -153,27 +153,40 @@ static inline __attribute__((always_inline)) void kq_group(int bits, int scaled,
     }
 }
 
-/* One parallel loop over row groups per form (bits, scaled, error tiles or none), so each is specialized. */
-#define KQ_LOOP(BITS, SCALED, E)                                                                                       \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
-    for (int64_t g = 0; g < N / ROWS; g++)                                                                            \
-        kq_group(BITS, SCALED, x, E, M, q + g * K / BLOCK * 128, h + g * K / BLOCK * KQ_HIGH_BYTES(BITS),             \
-                 SCALED ? (const uint8_t *)sc + g * K / BLOCK * sc_bytes : NULL,                                      \
-                 SCALED && BITS != 6 ? mn + g * K / BLOCK * ROWS : NULL, d + g * K / S * ROWS,                         \
-                 BITS == 6 ? NULL : dmin + g * K / S * ROWS, y + g * ROWS, N, K, S);
+/* One loop over the row groups: what ts_llm_kquant_linear hands the pool (pool.c). */
+typedef struct {
+    const RoundedTile *x, *e;
+    const uint8_t *q, *h, *sc, *mn;
+    const uint16_t *d, *dmin;
+    float *y;
+    int64_t M, N, K, S, sc_bytes;
+} KQuantLoop;
 
-#define KQ_FORMS(E)                                                                                                    \
-    if (bits == 6) {                                                                                                   \
-        KQ_LOOP(6, 1, E)                                                                                               \
-    } else if (bits == 5 && sc) {                                                                                      \
-        KQ_LOOP(5, 1, E)                                                                                               \
-    } else if (bits == 5) {                                                                                            \
-        KQ_LOOP(5, 0, E)                                                                                               \
-    } else if (sc) {                                                                                                   \
-        KQ_LOOP(4, 1, E)                                                                                               \
-    } else {                                                                                                           \
-        KQ_LOOP(4, 0, E)                                                                                               \
+/* A task per form (bits, scaled, error tiles or none), so each is specialized: row groups [g0, g1). */
+#define KQ_TASK(NAME, BITS, SCALED, E)                                                                                 \
+    static void NAME(const void *loop, int64_t g0, int64_t g1) {                                                       \
+        const KQuantLoop *a = (const KQuantLoop *)loop;                                                                \
+        const int64_t K = a->K, S = a->S;                                                                              \
+        for (int64_t g = g0; g < g1; g++)                                                                              \
+            kq_group(BITS, SCALED, a->x, E, a->M, a->q + g * K / BLOCK * 128, a->h + g * K / BLOCK * KQ_HIGH_BYTES(BITS), \
+                     SCALED ? a->sc + g * K / BLOCK * a->sc_bytes : NULL,                                              \
+                     SCALED && BITS != 6 ? a->mn + g * K / BLOCK * ROWS : NULL, a->d + g * K / S * ROWS,               \
+                     BITS == 6 ? NULL : a->dmin + g * K / S * ROWS, a->y + g * ROWS, a->N, K, S);                      \
     }
+#define KQ_TASKS(SUFFIX, E)                                                                                            \
+    KQ_TASK(kq6##SUFFIX, 6, 1, E)                                                                                      \
+    KQ_TASK(kq5_scaled##SUFFIX, 5, 1, E)                                                                               \
+    KQ_TASK(kq5##SUFFIX, 5, 0, E)                                                                                      \
+    KQ_TASK(kq4_scaled##SUFFIX, 4, 1, E)                                                                               \
+    KQ_TASK(kq4##SUFFIX, 4, 0, E)
+KQ_TASKS(, NULL)
+KQ_TASKS(_fine, a->e)
+
+static PoolTask kq_task(int bits, int scaled, int fine) {
+    if (bits == 6) return fine ? kq6_fine : kq6;
+    if (bits == 5) return scaled ? (fine ? kq5_scaled_fine : kq5_scaled) : (fine ? kq5_fine : kq5);
+    return scaled ? (fine ? kq4_scaled_fine : kq4_scaled) : (fine ? kq4_fine : kq4);
+}
 
 /* bits 4, 5 (minimum form; sc and mn both given or both NULL) or 6 (centred, sc given, dmin NULL).
  * x [M, K], y [M, N] float32 and contiguous; N % 8 == 0, K % S == 0, S % 32 == 0. rounds: as
@@ -185,12 +198,8 @@ void ts_llm_kquant_linear(int bits, const float *x_rows, const uint8_t *q, const
                           const uint8_t *mn, const uint16_t *d, const uint16_t *dmin, float *y, int64_t M, int64_t N,
                           int64_t K, int64_t S, int rounds, int threads) {
     RoundedTile *x = round_tiles(x_rows, M, K, rounds);
-    const RoundedTile *e = rounds == 2 ? x + (M + TILE - 1) / TILE : NULL;
-    const int64_t sc_bytes = bits == 6 ? 2 * ROWS : ROWS;
-    if (e) {
-        KQ_FORMS(e)
-    } else {
-        KQ_FORMS(NULL)
-    }
+    const KQuantLoop loop = {x, rounds == 2 ? x + (M + TILE - 1) / TILE : NULL, q, h, (const uint8_t *)sc, mn, d, dmin,
+                             y, M, N, K, S, bits == 6 ? 2 * ROWS : ROWS};
+    pool_for(threads, N / ROWS, kq_task(bits, sc != NULL, rounds == 2), &loop);
     free(x);
 }

@@ -71,16 +71,22 @@ static inline void dot_rows(int R, const float *x, int64_t ldx, const uint16_t *
 }
 #endif
 
-/* x [M, K] and y [M, N] float32, w [N, K] bfloat16 bits, all contiguous. Each weight row is read
- * from memory once, for all M rows of x, four at a time: blocks of NB weight rows meet each tile
- * of 4 x rows while both are in cache. */
+/* One loop over blocks of NB weight rows: what ts_llm_bf16_linear hands the pool (pool.c). */
 #define NB 8
-#ifdef __cplusplus
-extern "C"
-#endif
-void ts_llm_bf16_linear(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+typedef struct {
+    const float *x;
+    const uint16_t *w;
+    float *y;
+    int64_t M, N, K;
+} MatvecLoop;
+
+static void bf16_blocks(const void *loop, int64_t b0, int64_t b1) {
+    const MatvecLoop *a = (const MatvecLoop *)loop;
+    const float *x = a->x;
+    const uint16_t *w = a->w;
+    float *y = a->y;
+    const int64_t M = a->M, N = a->N, K = a->K;
+    for (int64_t n0 = b0 * NB; n0 < b1 * NB && n0 < N; n0 += NB) {
         const int64_t n1 = n0 + NB < N ? n0 + NB : N;
         int64_t r = 0;
         for (; r + 4 <= M; r += 4)
@@ -93,4 +99,15 @@ void ts_llm_bf16_linear(const float *x, const uint16_t *w, float *y, int64_t M, 
             }
         }
     }
+}
+
+/* x [M, K] and y [M, N] float32, w [N, K] bfloat16 bits, all contiguous. Each weight row is read
+ * from memory once, for all M rows of x, four at a time: blocks of NB weight rows meet each tile
+ * of 4 x rows while both are in cache. */
+#ifdef __cplusplus
+extern "C"
+#endif
+void ts_llm_bf16_linear(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int threads) {
+    const MatvecLoop loop = {x, w, y, M, N, K};
+    pool_for(threads, (N + NB - 1) / NB, bf16_blocks, &loop);
 }

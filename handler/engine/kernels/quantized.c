@@ -316,12 +316,29 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedT
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
 
-/* One parallel loop over row groups per form (bits, m or none, error tiles or none), so each is specialized. */
-#define LINEAR_LOOP(BITS, MIN, E)                                                                                      \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                                 \
-    for (int64_t g = 0; g < N / ROWS; g++)                                                                            \
-        group(BITS, x, E, M, q + g * stride, d + g * groups * ROWS, MIN ? m + g * groups * ROWS : NULL, y + g * ROWS,  \
-              N, K, G);
+/* One loop over the row groups: what linear() hands the pool (pool.c). */
+typedef struct {
+    const RoundedTile *x, *e;
+    const uint8_t *q;
+    const uint16_t *d, *m;
+    float *y;
+    int64_t M, N, K, G, groups, stride;
+} LinearLoop;
+
+/* A task per form (bits, m or none, error tiles or none), so each is specialized: row groups [g0, g1). */
+#define LINEAR_TASK(NAME, BITS, MIN, E)                                                                                \
+    static void NAME(const void *loop, int64_t g0, int64_t g1) {                                                       \
+        const LinearLoop *a = (const LinearLoop *)loop;                                                                \
+        for (int64_t g = g0; g < g1; g++)                                                                              \
+            group(BITS, a->x, E, a->M, a->q + g * a->stride, a->d + g * a->groups * ROWS,                              \
+                  MIN ? a->m + g * a->groups * ROWS : NULL, a->y + g * ROWS, a->N, a->K, a->G);                        \
+    }
+LINEAR_TASK(linear_q8, 8, 0, NULL)
+LINEAR_TASK(linear_q8_fine, 8, 0, a->e)
+LINEAR_TASK(linear_q4, 4, 0, NULL)
+LINEAR_TASK(linear_q4_fine, 4, 0, a->e)
+LINEAR_TASK(linear_q4_min, 4, 1, NULL)
+LINEAR_TASK(linear_q4_min_fine, 4, 1, a->e)
 
 /* Every x row is rounded and multiplied as a lone row would be, so a row's result does not
  * depend on the rows beside it. The weights are read from memory once per call: one row group at
@@ -329,34 +346,13 @@ static inline __attribute__((always_inline)) void group(int bits, const RoundedT
  * second round), or NULL. */
 static void linear(int bits, const RoundedTile *x, const RoundedTile *e, const uint8_t *q, const uint16_t *d,
                    const uint16_t *m, float *y, int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
-    const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits);
-    if (bits == 8 && e) {
-        LINEAR_LOOP(8, 0, e)
-    } else if (bits == 8) {
-        LINEAR_LOOP(8, 0, NULL)
-    } else if (m == NULL && e) {
-        LINEAR_LOOP(4, 0, e)
-    } else if (m == NULL) {
-        LINEAR_LOOP(4, 0, NULL)
-    } else if (e) {
-        LINEAR_LOOP(4, 1, e)
-    } else {
-        LINEAR_LOOP(4, 1, NULL)
-    }
+    const LinearLoop loop = {x, e, q, d, m, y, M, N, K, G, K / G, K / BLOCK * block_bytes(bits)};
+    const PoolTask task = bits == 8 ? (e ? linear_q8_fine : linear_q8)
+                          : m == NULL ? (e ? linear_q4_fine : linear_q4)
+                                      : (e ? linear_q4_min_fine : linear_q4_min);
+    pool_for(threads, N / ROWS, task, &loop);
 }
 
-/* ---- entry point -------------------------------------------------------------------------- */
-
-#if defined(HAVE_TILES)
-/* amx.c (build.py appends it to this file): the same products on AMX tiles, from this many x rows
- * (fewer: a tile would hold mostly zeros; measured in docs/benchmarks.md) */
-#define AMX_MIN_ROWS 8
-static void tiles_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
-                         int64_t M, int64_t N, int64_t K, int64_t G, int threads);
-#endif
-
-/* The paths this build has (bits: 1 VNNI dot products, 2 AMX tiles), for build.py to report and
- * the tests to hold to the platform's targets. */
 #ifdef __cplusplus
 extern "C"
 #endif

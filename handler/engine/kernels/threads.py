@@ -1,28 +1,40 @@
 """The engine's CPU threads: how many, and how they wait for each other.
 
-A decode step runs ~125 parallel regions (the default model: 121 quantized products and a few Inductor
-kernels), each on every thread. libgomp (torch's OpenMP on Linux) makes a thread that waits for the
-others, at a region's end or for the next region, spin up to GOMP_SPINCOUNT times before it sleeps:
-300,000 by default, about a millisecond. On an idle machine every thread is running and no wait lasts
-long. When another process shares the cores (a node agent, the sidecar, a neighbour's pod; nice does
-not help across sessions or cgroups), one thread is descheduled and its partner spins away the core
-it needs, so every region costs a scheduler time slice: tokens seconds apart. A bounded spin
-(SPIN_COUNT) sleeps after a few microseconds and hands the core over; the gaps between regions on an
-idle machine are shorter, so quiet speed holds (docs/benchmarks.md, "On a shared CPU").
+A decode step runs ~125 parallel loops (the default model: 121 quantized products and a few of
+Inductor's kernels). In an OpenMP team every loop ends at a barrier all threads must reach, so when
+another process shares the cores (a node agent, the sidecar, a neighbour's pod) and takes one
+thread off its core, every loop of the step waits for it: tokens 2 s apart with libgomp's long spin
+(GOMP_SPINCOUNT 300,000), half speed with a short one (3,000), which also cost 15-20% quiet.
 
-libgomp reads the variable once, when torch loads it, so it belongs in the environment that starts
+`threading: pool` (the default) runs the products in the kernels' own pool (pool.c): threads claim
+chunks of a loop, the caller too, so a thread that has not come takes no share and nobody waits for
+it; a worker spins 300 us between loops, then sleeps. Torch's own ops (Inductor's kernels between the
+products, sampling) then run on one thread: two teams of threads, each spinning for the same cores,
+were measured to halve the speed. `threading: openmp` is the code before issue 58: everything in
+torch's libgomp team (docs/benchmarks.md, "On a shared CPU").
+
+libgomp reads GOMP_SPINCOUNT once, when torch loads it, so it belongs in the environment that starts
 the worker: platform.child_environment adds `environment()` (the launcher, the sidecar's entrypoint),
-and the manifests set it. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is kept. `in_force()`
-is what the worker started with, for its log and the ts_llm_engine_threads metric."""
+and the manifests set it. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is kept. `take()`
+applies an engine's choice; `in_force()` is what the worker runs with, for its log and the
+ts_llm_engine_threads metric."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from handler.engine.config import EngineConfig
 
 SPIN_COUNT = 3000  # spins before a waiting thread sleeps: microseconds (libgomp's default: 300,000)
 LIBGOMP_DEFAULT = 300_000
 WAIT_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+POOL_WAIT = "pool: spin 300 us, then sleep"  # pool.c's SPIN_NS
+CORES = torch.get_num_threads()  # torch's default (the cores, or OMP_NUM_THREADS), before take() changes it
 
 
 def environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -35,24 +47,48 @@ def environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ThreadSettings:
-    threads: int  # torch's intra-op threads: every parallel region of a step
-    wait: str  # how a waiting thread waits: "spin N" (then sleep), "passive", "active", "libgomp default (spin N)"
+    threads: int  # the threads of the quantized products: the pool's, or torch's OpenMP team
+    # how a waiting thread waits: POOL_WAIT, or libgomp's "spin N" (then sleep), "passive", "active",
+    # "libgomp default (spin N)"
+    wait: str
+    graph_threads: int  # torch's intra-op threads: Inductor's kernels and torch's ops
 
     @property
     def bounded(self) -> bool:
-        """Whether a waiting thread gives its core up within microseconds (what a shared CPU needs)."""
-        spins = self.wait.removeprefix("spin ")  # 30,000 was measured to stall nearly as the default does
-        return self.wait == "passive" or (spins.isdigit() and int(spins) <= SPIN_COUNT)
+        """Whether a waiting thread gives its core up (what a shared CPU needs): the pool does; in an
+        OpenMP team only a short spin (30,000 was measured to stall nearly as the default does)."""
+        spins = self.wait.removeprefix("spin ")
+        return self.wait in (POOL_WAIT, "passive") or (spins.isdigit() and int(spins) <= SPIN_COUNT)
 
     def describe(self) -> str:
+        if self.wait == POOL_WAIT:
+            return f"products on {self.threads} threads ({self.wait}), torch's ops on {self.graph_threads}"
         return f"{self.threads} threads, OpenMP wait: {self.wait}"
 
 
-def in_force(threads: int, started_with: Mapping[str, str] | None = None) -> ThreadSettings:
-    """The settings of this process: `threads` (torch.get_num_threads()) and the wait libgomp read
-    from the environment the process started with (`started_with`, default /proc/self/environ)."""
+def graph_threads(cfg: EngineConfig) -> int:
+    """The intra-op threads torch runs an engine's graphs with (what compiled graphs are built for)."""
+    return 1 if cfg.threading == "pool" else cfg.threads or CORES
+
+
+def take(cfg: EngineConfig) -> ThreadSettings:
+    """Give this process the threads `cfg` asks for (CPU engines): torch's intra-op threads, and the
+    quantized products' pool or OpenMP team. Loads the kernels (build.load) to tell them."""
+    from handler.engine.kernels import build
+
+    torch.set_num_threads(graph_threads(cfg))
+    build.load().ts_llm_set_threads((cfg.threads or CORES) if cfg.threading == "pool" else 0)
+    return in_force(cfg)
+
+
+def in_force(cfg: EngineConfig, started_with: Mapping[str, str] | None = None) -> ThreadSettings:
+    """The settings of a process that took `cfg`'s threads: the products' threads and how they wait
+    (for an OpenMP team, what libgomp read from the environment the process started with:
+    `started_with`, default /proc/self/environ)."""
+    if cfg.threading == "pool":
+        return ThreadSettings(cfg.threads or CORES, POOL_WAIT, 1)
     env = started_environment() if started_with is None else started_with
-    return ThreadSettings(threads, wait_of(env))
+    return ThreadSettings(cfg.threads or CORES, wait_of(env), cfg.threads or CORES)
 
 
 def wait_of(env: Mapping[str, str]) -> str:
