@@ -174,31 +174,47 @@ static inline __attribute__((always_inline)) void pair_rows(int bits, const Tile
     }
 }
 
+/* One loop over pairs of row groups: what tiles_linear hands the pool (pool.c). */
+typedef struct {
+    const TileRows *rows;
+    const TileConfig *config;
+    const uint8_t *q;
+    const uint16_t *d, *m;
+    float *y;
+    int64_t M, N, K, G, groups, stride;
+    int bits;
+} TilesLoop;
+
+/* pairs [p0, p1); the tile configuration is per thread, loaded for each chunk and released after it */
+static void tile_pairs(const void *loop, int64_t p0, int64_t p1) {
+    const TilesLoop *a = (const TilesLoop *)loop;
+    const int64_t N = a->N, groups = a->groups, stride = a->stride;
+    const uint8_t *q = a->q;
+    const uint16_t *d = a->d, *m = a->m;
+    _tile_loadconfig(a->config);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t g0 = 2 * p, g1 = g0 + 1 < N / ROWS ? g0 + 1 : -1;
+        const uint8_t *q1 = g1 < 0 ? NULL : q + g1 * stride;
+        const uint16_t *d1 = g1 < 0 ? NULL : d + g1 * groups * ROWS, *m1 = g1 < 0 || !m ? NULL : m + g1 * groups * ROWS;
+        const uint16_t *d0 = d + g0 * groups * ROWS, *m0 = m ? m + g0 * groups * ROWS : NULL;
+        if (a->bits == 8) pair_rows(8, a->rows, a->M, q + g0 * stride, q1, d0, d1, NULL, NULL, a->y + g0 * ROWS, N, a->K, a->G);
+        else if (!m) pair_rows(4, a->rows, a->M, q + g0 * stride, q1, d0, d1, NULL, NULL, a->y + g0 * ROWS, N, a->K, a->G);
+        else pair_rows(4, a->rows, a->M, q + g0 * stride, q1, d0, d1, m0, m1, a->y + g0 * ROWS, N, a->K, a->G);
+    }
+    _tile_release();
+}
+
 static void tiles_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
                          int64_t M, int64_t N, int64_t K, int64_t G, int threads) {
     const TileRows rows = round_for_tiles(bits, x, M, K);
-    const int64_t groups = K / G, stride = K / BLOCK * block_bytes(bits), pairs = (N / ROWS + 1) / 2;
     TileConfig config = {1, 0, {0}, {0}, {0}};
     for (int t = 0; t < 2; t++) {
         config.rows[t] = AMX_ROWS, config.colsb[t] = BLOCK;  /* A: 16 x rows of one block */
         config.rows[t + 2] = BLOCK / 4, config.colsb[t + 2] = 64;  /* B: 8 rows of 4 columns of 16 weight rows */
         config.rows[t + 4] = AMX_ROWS, config.colsb[t + 4] = 64;  /* C: 16 x 16 int32 */
     }
-#pragma omp parallel num_threads(threads)
-    {
-        _tile_loadconfig(&config);  /* per thread */
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
-            const int64_t g0 = 2 * p, g1 = g0 + 1 < N / ROWS ? g0 + 1 : -1;
-            const uint8_t *q1 = g1 < 0 ? NULL : q + g1 * stride;
-            const uint16_t *d1 = g1 < 0 ? NULL : d + g1 * groups * ROWS, *m1 = g1 < 0 || !m ? NULL : m + g1 * groups * ROWS;
-            const uint16_t *d0 = d + g0 * groups * ROWS, *m0 = m ? m + g0 * groups * ROWS : NULL;
-            if (bits == 8) pair_rows(8, &rows, M, q + g0 * stride, q1, d0, d1, NULL, NULL, y + g0 * ROWS, N, K, G);
-            else if (!m) pair_rows(4, &rows, M, q + g0 * stride, q1, d0, d1, NULL, NULL, y + g0 * ROWS, N, K, G);
-            else pair_rows(4, &rows, M, q + g0 * stride, q1, d0, d1, m0, m1, y + g0 * ROWS, N, K, G);
-        }
-        _tile_release();
-    }
+    const TilesLoop loop = {&rows, &config, q, d, m, y, M, N, K, G, K / G, K / BLOCK * block_bytes(bits), bits};
+    pool_for(threads, (N / ROWS + 1) / 2, tile_pairs, &loop);
     free(rows.a);
 }
 

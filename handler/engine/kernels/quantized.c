@@ -353,6 +353,18 @@ static void linear(int bits, const RoundedTile *x, const RoundedTile *e, const u
     pool_for(threads, N / ROWS, task, &loop);
 }
 
+/* ---- entry point -------------------------------------------------------------------------- */
+
+#if defined(HAVE_TILES)
+/* amx.c (build.py appends it to this file): the same products on AMX tiles, from this many x rows
+ * (fewer: a tile would hold mostly zeros; measured in docs/benchmarks.md) */
+#define AMX_MIN_ROWS 8
+static void tiles_linear(int bits, const float *x, const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
+                         int64_t M, int64_t N, int64_t K, int64_t G, int threads);
+#endif
+
+/* The paths this build has (bits: 1 VNNI dot products, 2 AMX tiles), for build.py to report and
+ * the tests to hold to the platform's targets. */
 #ifdef __cplusplus
 extern "C"
 #endif

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,20 @@ def test_the_kernels_in_force_are_the_platforms_own():
 
     build.load()
     build.check_in_force()  # raises KernelMismatchError otherwise
+
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="AMX is x86")
+def test_the_kernels_compile_with_amx_tiles(tmp_path):
+    # compiled only, never loaded (this CPU may lack AVX-512): the tile path is built only where a CPU
+    # has AMX, so a declaration lost from quantized.c showed on no other machine
+    import torch
+
+    from handler.engine.kernels import build
+
+    source = tmp_path / "kernels.cpp"
+    source.write_text(build.source(("avx512vnni", "amx-tile", "amx-int8")))
+    include = Path(torch.__file__).parent / "include"
+    run = subprocess.run([shutil.which("g++") or "g++", "-std=c++17", "-march=skylake-avx512", "-fopenmp", "-fsyntax-only",
+                          "-Wall", "-Werror", f"-I{include}", str(source)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
