@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || ./setup.sh
-exec .venv/bin/python -m handler.build.cli "$@"
+exec .venv/bin/python -m handler.packing.cli "$@"

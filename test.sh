@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh
 .venv/bin/python -m ruff check handler bench tests
-.venv/bin/python -m mypy handler
+.venv/bin/python -m mypy handler bench
 .venv/bin/python -m pytest "$@"
 native=$(.venv/bin/python -m handler.engine.platform --name)
 case "$native" in

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import openai
@@ -66,7 +67,7 @@ def chat(messages: list[dict], args, **extra) -> dict:
             "stream_options": {"include_usage": True}, **extra}
 
 
-def throughput_runs(url: str, headers: dict, system: str, args) -> dict[str, dict]:
+def throughput_runs(url: str, headers: dict, system: str, args) -> dict[str, list[dict]]:
     asks = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(args.requests)]
     variants = {
         "free": [chat([{"role": "system", "content": system}, *m], args) for m in asks],
@@ -91,9 +92,11 @@ def paired_ratio(runs: dict[str, list[dict]], variant: str, base: str) -> float:
 
 def tool_validity(client: openai.OpenAI, args, parallel: bool) -> dict:
     def one(i: int) -> tuple[bool, str]:
-        r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                           tools=VALIDITY_TOOLS, tool_choice="required", temperature=1.0,
-                                           max_tokens=128 if parallel else 64, parallel_tool_calls=parallel)
+        # the request as JSON-shaped dicts (the SDK's TypedDicts would restate VALIDITY_TOOLS' schema)
+        request: dict[str, Any] = {"messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                   "tools": VALIDITY_TOOLS, "tool_choice": "required", "temperature": 1.0,
+                                   "max_tokens": 128 if parallel else 64, "parallel_tool_calls": parallel}
+        r = client.chat.completions.create(model="llm", **request)
         choice = r.choices[0]
         if choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
             return False, f"finish_reason {choice.finish_reason}: {choice.message.content!r}"

@@ -19,6 +19,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch.nn.functional as F
 
@@ -87,7 +88,7 @@ def main() -> None:
     args = parse_args()
     checkpoint = ensure_default_checkpoint(REPO / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
     texts = questions()
-    common = {"checkpoint_dir": checkpoint, "max_batch_size": len(texts), "max_seq_len": 256}
+    common: dict[str, Any] = {"checkpoint_dir": checkpoint, "max_batch_size": len(texts), "max_seq_len": 256}
     with unrounded():
         ref, ref_path = answers(EngineConfig(**common, compile="eager", quantization="gguf", dtype="float32"), texts)
     tok = Tokenizer.from_dir(checkpoint)

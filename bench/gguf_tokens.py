@@ -1,4 +1,4 @@
-"""Record llama.cpp's tokens for a GGUF file: the fixture tests/build/test_gguf_checkpoint.py holds
+"""Record llama.cpp's tokens for a GGUF file: the fixture tests/packing/test_gguf_checkpoint.py holds
 ours' tokenizer (converted from the file alone) to, so CI needs no llama.cpp.
 
     .venv/bin/python -m bench.gguf_tokens          # the default model's file -> tests/fixtures/

@@ -18,7 +18,7 @@ RUN=$(mktemp -d "${TMPDIR:-/tmp}/ts-llm-grace.XXXX")
 GRACE=30
 source "$REPO/.venv/bin/activate"
 STORE="$RUN/model_store"
-python -m handler.build.cli --compile eager --drain-flag-file "$RUN/draining" --model-store "$STORE" > "$RUN/archive.log" 2>&1 \
+python -m handler.packing.cli --compile eager --drain-flag-file "$RUN/draining" --model-store "$STORE" > "$RUN/archive.log" 2>&1 \
     || { echo "archive failed: see $RUN/archive.log"; exit 1; }
 cd "$RUN"
 sed "s|^metrics_config=.*|metrics_config=$REPO/metrics.yaml|" "$REPO/config.properties" > config.properties

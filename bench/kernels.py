@@ -70,8 +70,8 @@ def weight(fmt: str, n: int, k: int) -> QuantizedWeight:
         d = w.view(n, k // 32, 32).abs().amax(-1) / 127
         q = torch.round(w.view(n, k // 32, 32) / d[..., None]).clamp(-127, 127).to(torch.int8).view(n, k)
         return QuantizedWeight(q, d.half()).pack()
-    w = quantize_int4(w, 32)
-    return (w if fmt == "Q4_1" else QuantizedWeight(w.q, w.d)).pack()
+    int4 = quantize_int4(w, 32)
+    return (int4 if fmt == "Q4_1" else QuantizedWeight(int4.q, int4.d)).pack()
 
 
 def call(library: ctypes.CDLL, x: torch.Tensor, w: QuantizedWeight, y: torch.Tensor, threads: int, rounds: int = 1) -> None:

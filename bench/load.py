@@ -133,13 +133,14 @@ def summarize(records: list[Record], duration: float | None = None) -> dict:
     """`duration`: the seconds the load took (default: first start to last end; give it when
     `records` pool loads run apart, as the sum of their own)."""
     ok = [r for r in records if r.status == 200 and r.error is None]
-    duration = duration or span(records)
+    seconds = duration or span(records)
     ttft = [r.first - r.start for r in ok if r.first]
     itl = [b - a for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
     e2e = [r.end - r.start for r in ok]
     tokens = sum(r.completion_tokens for r in ok)
-    out = {"requests": len(records), "errors": len(records) - len(ok), "duration_s": duration, "output_tokens": tokens,
-           "request_throughput": len(ok) / duration, "output_tokens_per_s": tokens / duration}
+    out: dict[str, float | None] = {
+        "requests": len(records), "errors": len(records) - len(ok), "duration_s": seconds, "output_tokens": tokens,
+        "request_throughput": len(ok) / seconds, "output_tokens_per_s": tokens / seconds}
     for name, vals in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         out[f"{name}_p50_s"] = percentile(vals, 0.5)
         out[f"{name}_p99_s"] = percentile(vals, 0.99)

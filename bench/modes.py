@@ -32,6 +32,8 @@ def parse_args():
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16, help="the engine's slots")
     p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=1, help="measurement rounds per level")
+    p.add_argument("--warmup-s", type=float, default=30)
     peer.add_ours_options(p)
     args = p.parse_args()
     if len(args.requests) != len(args.concurrency):
@@ -46,8 +48,9 @@ def main() -> None:
     runs = {}
     for mode in MODES:
         with tempfile.TemporaryDirectory() as tmp:
-            runs[mode] = peer.sweep_ours(args.precision, checkpoint, gguf, argparse.Namespace(**vars(args), batching=mode, out="modes"),
-                                         Path(tmp))["runs"]
+            # ours alone (no llama.cpp build: bench.peer compares the peers), in this batching mode
+            mode_args = argparse.Namespace(**vars(args), batching=mode, out="modes", systems=["ours"])
+            runs[mode] = peer.sweep(args.precision, checkpoint, gguf, {}, {}, mode_args, Path(tmp))["ours"]["runs"]
     result = {"model": "SmolLM2-135M-Instruct", "precision": args.precision, "output_tokens": args.output_tokens,
               "batch_size": args.batch_size, "max_batch_delay_ms": args.max_batch_delay_ms,
               "continuous_call_ms": peer.handler_setting(args.handler_set, "continuous_call_ms"),

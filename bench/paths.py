@@ -47,9 +47,10 @@ def parse_args():
 
 def projection_options(plat: platform.Platform) -> dict[str, tuple[str, str]]:
     """name -> (weights dtype, packing) for every option this profile can run."""
-    options = {}
-    for dtype, packing in (("bfloat16", "off"), ("float32", "off"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
-                           ("float32", "float32")):
+    options: dict[str, tuple[str, str]] = {}
+    paths: tuple[tuple[platform.Dtype, platform.Packing], ...] = (
+        ("bfloat16", "off"), ("float32", "off"), ("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float32", "float32"))
+    for dtype, packing in paths:
         try:
             platform.choose_path(plat, "cpu", dtype, packing)
         except platform.PlatformError:

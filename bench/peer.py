@@ -45,9 +45,9 @@ import yaml
 from bench import peer_llamacpp as llamacpp, peer_models
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, Record, as_rows, run_load, span, summarize
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions, handler_config
 from handler.engine import platform
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions, handler_config
 from handler.serving.config import HandlerConfig
 from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve
 from handler.typed_config import flag
@@ -192,7 +192,7 @@ def level_summary(key: Key, c: int, rounds: list[list[Record]], args) -> dict:
     return summary
 
 
-def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path, name: str = "") -> Path:
+def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path | None, tmp: Path, name: str = "") -> Path:
     """The default checkpoint with the pair's GGUF beside it (linked, not copied): under
     quantization: gguf ours serves exactly llama.cpp's file."""
     out = tmp / f"checkpoint-{precision}{name}"
@@ -201,6 +201,7 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path, tmp: Path, nam
         if f.is_file() and f.suffix != ".gguf":
             os.link(f, out / f.name)
     if PRECISIONS[precision] == "gguf":
+        assert gguf is not None, f"{precision} serves the pair's GGUF: give it"
         os.link(gguf, out / gguf.name)
     return out
 
@@ -243,7 +244,7 @@ def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: 
         (worker,) = ts.client("llm").describe().workers
         compiled = re.search(r"compiled steps loaded in the background in ([\d.]+) s", ts.model_log())
         return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if gguf else None,
-                "worker_rss_bytes": psutil.Process(int(worker.pid)).memory_info().rss,
+                "worker_rss_bytes": psutil.Process(worker.process()).memory_info().rss,
                 "compiled_after_s": float(compiled[1]) if compiled else None}
 
     try:

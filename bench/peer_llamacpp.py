@@ -143,7 +143,7 @@ def _run(cmd: list[str], log: Path, what: str, progress: bool = False) -> None:
     bar = tqdm(total=100, desc=what, unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}") if progress else None
     with log.open("a") as out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         out.write(f"$ {' '.join(cmd)}\n")
-        for line in proc.stdout:
+        for line in proc.stdout or ():
             out.write(line)
             out.flush()
             m = re.match(r"\[\s*(\d+)/(\d+)\]|\[\s*(\d+)%\]", line)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO
@@ -32,7 +33,7 @@ MODELS = {m.key: m for m in (
     PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0"}),
 )}
 
-ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+ONE_B: dict[str, Any] = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
          "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
          "tie_word_embeddings": True,
          "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
@@ -61,9 +62,9 @@ def random_1b(out_dir: Path, tokenizer_from: Path) -> Path:
     print(f"random 1B-class checkpoint -> {out_dir}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
     config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", **ONE_B)
+                         eos_token_id=tokenizer.eos_token_id, dtype="bfloat16", **ONE_B)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).bfloat16()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

@@ -19,7 +19,7 @@ import torch
 
 from bench.common import versions, write_json, write_section
 from bench.load import PROMPTS
-from handler.engine.config import EngineConfig
+from handler.engine.config import EngineConfig, Quantization
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams
@@ -55,7 +55,7 @@ def greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [out[f"p{i}"] for i in range(len(prompts))]
 
 
-def measure(checkpoint: Path, quantization: str, args) -> dict:
+def measure(checkpoint: Path, quantization: Quantization, args) -> dict:
     loaded = build_engine(EngineConfig(checkpoint, compile="eager", quantization=quantization, max_batch_size=len(PROMPTS),
                                        max_seq_len=1024))
     tok = loaded.engine.tokenizer

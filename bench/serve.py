@@ -24,10 +24,10 @@ from pathlib import Path
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, as_rows, run_load, summarize
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
 from handler.engine import platform
 from handler.engine.convert import ensure_default_checkpoint
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.torchserve.launch import Ports, start_torchserve
 
 # Structured output at the same output length as the free requests: a string of at least 200

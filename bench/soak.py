@@ -28,9 +28,9 @@ import requests
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import ClosedLoop
 from bench.soak_kinds import KINDS, Api, sender
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
 from handler.engine.convert import ensure_default_checkpoint
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 
 MODEL = "llm"
@@ -106,7 +106,7 @@ def soak(args: argparse.Namespace, ts: TorchServe) -> dict:
 
 def worker_pid(ts: TorchServe) -> int:
     (worker,) = ts.client(MODEL).describe().workers
-    return int(worker.pid)
+    return worker.process()
 
 
 def running_after_probe(ts: TorchServe, api: Api) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 
@@ -57,7 +58,7 @@ def sender(api: Api) -> Send:
 
 
 def _native(api: Api, rng: random.Random, stream: bool) -> tuple[int, str, str]:
-    body = {"prompt": rng.choice(PROMPTS), "max_new_tokens": rng.randint(4, 48), "stream": stream}
+    body: dict[str, Any] = {"prompt": rng.choice(PROMPTS), "max_new_tokens": rng.randint(4, 48), "stream": stream}
     with requests.post(api.url, json=body, headers=api.headers, stream=True, timeout=(5, api.timeout_s)) as r:
         payload = r.content
     if r.status_code != 200:
@@ -76,7 +77,7 @@ def _whole(api: Api, rng: random.Random) -> tuple[int, str, str]:
 
 
 def _chat(api: Api, rng: random.Random) -> tuple[int, str, str]:
-    body = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
             "max_tokens": rng.randint(4, 48), "stream": True}
     with requests.post(api.url + "/1.0/v1/chat/completions", json=body, headers=api.headers, stream=True,
                        timeout=(5, api.timeout_s)) as r:
@@ -100,7 +101,7 @@ def _malformed(api: Api, rng: random.Random) -> tuple[int, str, str]:
 
 
 def _disconnect(api: Api, rng: random.Random) -> tuple[int, str, str]:
-    body = {"prompt": rng.choice(PROMPTS), "max_new_tokens": 64, "stream": True}
+    body: dict[str, Any] = {"prompt": rng.choice(PROMPTS), "max_new_tokens": 64, "stream": True}
     r = requests.post(api.url, json=body, headers=api.headers, stream=True, timeout=(5, api.timeout_s))
     try:
         if r.status_code != 200:

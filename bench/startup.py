@@ -37,13 +37,13 @@ import requests
 
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, run_load, summarize
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
-from handler.build.precompile import key_for_mar
 from handler.cache import S3Store, make_s3_client, publish_if_new
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.sync import restore_in_background
 from handler.engine.convert import ensure_default_checkpoint
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
+from handler.packing.precompile import key_for_mar
 from handler.testing.moto import CLEARED_AWS_ENV, FAKE_AWS_ENV, REGION, start_moto_server
 from handler.torchserve.launch import Ports, TorchServe, start_torchserve
 
@@ -194,7 +194,7 @@ def run_all(args, tmp: Path) -> dict:
             def step() -> Future:
                 # As the entrypoint's --restore-at-start: TorchServe starts once the restore holds
                 # the install lock; the worker's lookup waits for the download.
-                start, timed = time.monotonic(), Future()
+                start, timed = time.monotonic(), Future[dict]()
                 restoring = restore_in_background(s3, key, dest)
 
                 def finished(done: Future) -> None:

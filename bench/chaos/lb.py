@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,8 +58,8 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
             flag = work / name / "run" / "draining"  # one flag per replica: the .mar names it
             store = work / name / "store"
             build_archive(checkpoint, store, flag, args.compile, args.batch_size, work / "resume-store")
-            replicas.append(stack.enter_context(replica_with_sidecar(
-                work / name, store, lambda emulator, flag=flag: _settings(args, emulator, flag), NO_TOKEN_AUTH)))
+            settings = functools.partial(_settings, args, flag=flag)  # emulator -> the sidecar's settings
+            replicas.append(stack.enter_context(replica_with_sidecar(work / name, store, settings, NO_TOKEN_AUTH)))
         backends = [Backend(name, ts.ports.inference, sidecar.port)
                     for name, (ts, sidecar, _) in zip(("r0", "r1"), replicas)]
         haproxy = HAProxy(binary, backends, work / "haproxy")

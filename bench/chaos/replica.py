@@ -22,8 +22,8 @@ import requests
 import yaml
 
 from bench.common import REPO
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.testing.metadata_emulator import MetadataEmulator
 from handler.testing.moto import FAKE_AWS_ENV, REGION, MotoServer, start_moto_server
 from handler.torchserve.launch import Ports, TorchServe, free_port, start_torchserve

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import requests
 
@@ -77,7 +78,7 @@ def run(url: str, stream: LongStream, until: float) -> None:
     stream.error = stream.error or "did not finish in time"
 
 
-def _send(url: str, request: dict[str, object], stream: LongStream) -> dict | None:
+def _send(url: str, request: dict[str, Any], stream: LongStream) -> dict | None:
     """The stream's last line; None when refused with a 503 before anything was sent."""
     with requests.post(url, json=request, stream=True, timeout=(5.0, 120.0)) as response:
         if response.status_code == 503:

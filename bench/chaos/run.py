@@ -222,7 +222,7 @@ def run_kill(args: argparse.Namespace, phase: KillPhase, ts: TorchServe,
 
 def worker_pid(ts: TorchServe) -> int:
     (worker,) = ts.client(MODEL).describe().workers
-    return int(worker.pid)
+    return worker.process()
 
 
 def worker_ready_again(ts: TorchServe, old_pid: int) -> bool:

@@ -47,7 +47,9 @@ class Sampler:
 def client_curves(records: list[Record], start: float, end: float,
                   step_s: float = 0.25) -> dict[str, list[float]]:
     """Per time step: requests open at the client, and of those, accepted (200 received)."""
-    times, open_, accepted = [], [], []
+    times: list[float] = []
+    open_: list[float] = []
+    accepted: list[float] = []
     t = start
     while t <= end:
         live = [r for r in records if r.start <= t < (r.end or end)]

@@ -2,7 +2,7 @@
 
 Weights come from safetensors (never pickle), or, in a directory with no safetensors, from its
 GGUF file alone (archive.sh writes config.json and the tokenizer beside a GGUF it is given:
-handler.build.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
+handler.packing.gguf_checkpoint). Supported `model_type`s: llama (Llama 2/3, SmolLM), mistral,
 qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), gemma3_text (Gemma 3 270M / 1B: sandwich norms, GeGLU,
 scaled embeddings, local and global RoPE, local layers with a sliding window). Sliding-window
 attention (Mistral, Gemma 3's local layers, Qwen2/3 with use_sliding_window) is computed as

@@ -24,6 +24,7 @@ def find_gguf(checkpoint_dir: Path) -> Path | None:
 
 
 DtypeChoice = Literal["auto", "bfloat16", "float32"]
+Quantization = Literal["auto", "none", "int8", "int4", "gguf"]
 
 
 def auto_dtype(dtype: DtypeChoice, quantization: str, device_type: str) -> DtypeChoice:
@@ -58,7 +59,7 @@ class EngineConfig:
     # Weight-only quantized projections (handler.engine.quant): "none", "int8" (per output channel),
     # "int4" (asymmetric, per group of group_size), "gguf" (the checkpoint's GGUF file as stored:
     # Q8_0 / Q4_0 / Q4_1); "auto" is gguf when the checkpoint has one, else none.
-    quantization: Literal["auto", "none", "int8", "int4", "gguf"] = "auto"
+    quantization: Quantization = "auto"
     group_size: int = 32  # int4 weights per scale and minimum: a multiple of 32
     # How the quantized products take x: "fine" rounds it to int8 per block of 32 and then its rounding
     # error the same way (~15 bits: the default model answers as it does unrounded, docs/benchmarks.md

@@ -5,7 +5,7 @@ handler.serving.service."""
 from __future__ import annotations
 
 from handler.engine.sequence import StepOutput
-from handler.serving.service import BaseService, Incoming, Reply
+from handler.serving.service import BaseService, Incoming, Reply, SendPartial
 from handler.serving.step_thread import StepThread
 
 # Calls in a row that admit and finish no request before steps run ahead again. A step run ahead
@@ -41,7 +41,9 @@ class ContinuousService(BaseService):
         self._steps = StepThread() if step_ahead else None
         self._quiet_calls = 0  # calls in a row that admitted and finished nothing
 
-    def handle(self, batch: list[Incoming]) -> list[Reply]:
+    def handle(self, batch: list[Incoming], send_partial: SendPartial | None = None) -> list[Reply]:
+        """This call's replies, one per request of `batch`. A stream's pieces are this call's replies
+        too (more=True), so `send_partial` (DynamicService's way) is taken and not used."""
         ahead = self._steps.wait() if self._steps else None  # the step run since the last reply
         was_idle = not self.engine.running  # before this call's admissions
         present = {inc.request_id for inc in batch}

@@ -100,16 +100,12 @@ class LLMHandler(BaseHandler):
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
         batch = [_incoming(i, row, context) for i, row in enumerate(data)]
+        assert self.service is not None, "handle before initialize"
         try:
-            if isinstance(self.service, ContinuousService):
-                replies = self.service.handle(batch)
-            else:
-                replies = self.service.handle(batch, lambda partial: _send_partial(partial, context))
+            replies = self.service.handle(batch, lambda partial: _send_partial(partial, context))
         except Exception as err:
             log.exception("generation failed")
-            for inc in batch:
-                self.service.engine.cancel(inc.request_id)
-                self.service.live.pop(inc.request_id, None)
+            self.service.abandon([inc.request_id for inc in batch])
             raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
         return _apply(replies, context)
 

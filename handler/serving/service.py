@@ -95,6 +95,9 @@ class Live:
         return Usage(prompt, sum(s.completion_tokens for s in self.samples), min(self.cached_tokens, prompt))
 
 
+SendPartial = Callable[[dict[int, Reply]], None]  # streamed pieces now, by batch index
+
+
 class BaseService:
     def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
                  draining: Callable[[], bool] = lambda: False, cutting: Callable[[], bool] = lambda: False,
@@ -106,6 +109,13 @@ class BaseService:
         self.draining, self.cutting = draining, cutting
         self.live: dict[str, Live] = {}
         self.started = int(time.time())  # the model list's `created`
+
+    def abandon(self, request_ids: list[str]) -> None:
+        """Forget these requests (the handler's error boundary failed their batch): out of the engine
+        and out of `live`."""
+        for request_id in request_ids:
+            self.engine.cancel(request_id)
+            self.live.pop(request_id, None)
 
     def cut_running(self) -> None:
         """End every unfinished request: its reply becomes cut_reply's (a 503, or a final error
@@ -313,7 +323,7 @@ class BaseService:
 class DynamicService(BaseService):
     """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
 
-    def handle(self, batch: list[Incoming], send_partial: Callable[[dict[int, Reply]], None]) -> list[Reply]:
+    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply]:
         refused = {}
         waiting = list(range(len(batch)))
         while waiting or self.engine.running:

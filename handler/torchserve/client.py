@@ -33,6 +33,12 @@ class WorkerInfo:
     status: str
     pid: int | None
 
+    def process(self) -> int:
+        """The worker's pid; TorchServe lists a worker that has not started without one."""
+        if self.pid is None:
+            raise RuntimeError(f"worker {self.id} ({self.status}) has no process")
+        return self.pid
+
 
 @dataclass(frozen=True)
 class ModelState:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from handler.build.cli import parse_args
 from handler.engine.platform import BY_NAME
+from handler.packing.cli import parse_args
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "deploy" / "ci" / "artifacts.yml"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.torchserve.launch import Ports, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,9 +82,6 @@ def async_server(tmp_path_factory, default_checkpoint):
 
 @pytest.fixture(scope="session")
 def grpc_stubs(tmp_path_factory):
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests" / "support"))
-    from grpc_stubs import load_inference_stubs
+    from tests.support.grpc_stubs import load_inference_stubs
 
     return load_inference_stubs(tmp_path_factory.mktemp("grpc"))

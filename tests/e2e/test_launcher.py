@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.torchserve.errors import TorchServeError
 from handler.torchserve.launch import Ports, start_torchserve
 

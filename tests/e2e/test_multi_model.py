@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.torchserve.launch import Ports, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]

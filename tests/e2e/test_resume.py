@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.resume.ids import new_key, parse_event_id
 from handler.sidecar.drain.admission import flag_cutter
 from handler.torchserve.launch import Ports, start_torchserve

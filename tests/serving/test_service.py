@@ -234,3 +234,11 @@ def test_a_repeated_prompt_is_counted_as_prefix_cache_hits(engine):
     prompt_tokens = sink.of("ts_llm_prompt_tokens_total")
     assert json.loads(again[-1].body)["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens[1] - 1}
     assert sink.of("ts_llm_prefix_cache_hit_tokens_total") == [0, prompt_tokens[1] - 1], "all but the last token"
+
+
+def test_abandoned_requests_leave_the_engine_and_the_service(engine):
+    # the handler's error boundary: a batch that failed is forgotten, the others keep running
+    service = ContinuousService(engine, LIMITS, RecordingSink())
+    service.handle([Incoming("a", req(n=20, stream=True), True), Incoming("b", req(n=20, stream=True), True)])
+    service.abandon(["a"])
+    assert set(service.live) == {"b"} and engine.running == 1

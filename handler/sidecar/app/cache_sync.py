@@ -7,7 +7,7 @@ of a JSON file holding `CacheKey.describe()`.
 
 The key-file contract: whoever compiles writes `cache-key.json` into the cache directory next
 to the artifacts (handler.cache.key.KEY_FILE_NAME); in a pod, an init step writes the same file from the
-.mar before the restore (`python -m handler.build.precompile key MAR --out FILE`). No key file
+.mar before the restore (`python -m handler.packing.precompile key MAR --out FILE`). No key file
 means nothing to look up (restore: a cold start) and nothing to publish.
 
 What is published is the artifact in the cache directory. With the manifest that a restore or

@@ -355,8 +355,8 @@ def test_archive_aot_packs_an_artifact_the_worker_loads(tiny_checkpoint, key, tm
 
     import yaml
 
-    from handler.build.cli import main
-    from handler.build.precompile import key_for_mar
+    from handler.packing.cli import main
+    from handler.packing.precompile import key_for_mar
     from handler.serving.config import HandlerConfig
 
     store = tmp_path / "model_store"

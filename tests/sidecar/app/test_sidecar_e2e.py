@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
 from handler.sidecar.app.sidecar import Sidecar
 from handler.sidecar.config import config_from_mapping
 from handler.sidecar.drain.report import DrainReport

@@ -3,11 +3,11 @@ import zipfile
 
 import yaml
 
-from handler.build.archive import build_mar
-from handler.build.model_config import ServingOptions
-from handler.build.precompile import key_for_mar
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.artifacts import artifact_key, weights_digest
+from handler.packing.archive import build_mar
+from handler.packing.model_config import ServingOptions
+from handler.packing.precompile import key_for_mar
 from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 
 

@@ -5,9 +5,9 @@ import zipfile
 import pytest
 import yaml
 
-from handler.build.archive import build_mar
-from handler.build.cli import main
-from handler.build.model_config import ServingOptions
+from handler.packing.archive import build_mar
+from handler.packing.cli import main
+from handler.packing.model_config import ServingOptions
 
 
 def test_mar_holds_handler_checkpoint_and_model_config(tmp_path, default_checkpoint):

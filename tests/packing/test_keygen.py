@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from handler.build.cli import main
 from handler.cache.signing import ManifestSigner, ManifestVerifier
+from handler.packing.cli import main
 
 
 def test_keygen_writes_a_pair_that_signs_and_verifies_and_never_overwrites(tmp_path: Path, capsys) -> None:

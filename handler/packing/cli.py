@@ -8,11 +8,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from handler.build import keygen
-from handler.build.archive import build_mar
-from handler.build.gguf_checkpoint import gguf_source, stage_gguf
-from handler.build.model_config import ServingOptions, handler_config
-from handler.build.precompile import build_artifact
 from handler.cache import open_store, publish_if_new
 from handler.cache.errors import SigningKeyError
 from handler.cache.signing import ManifestSigner, Signing
@@ -21,6 +16,11 @@ from handler.engine.checkpoint import CheckpointError
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR
 from handler.engine.config import EngineConfig
 from handler.engine.convert import ConversionError, ensure_default_checkpoint
+from handler.packing import keygen
+from handler.packing.archive import build_mar
+from handler.packing.gguf_checkpoint import gguf_source, stage_gguf
+from handler.packing.model_config import ServingOptions, handler_config
+from handler.packing.precompile import build_artifact
 from handler.serving.config import HandlerConfig
 from handler.typed_config import flag
 

@@ -12,9 +12,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from handler.build.archive import link_or_copy
 from handler.engine.checkpoint import CheckpointError
 from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights
+from handler.packing.archive import link_or_copy
 
 SHOWN = 5  # unserved tensors named in the error
 

@@ -11,9 +11,9 @@ import yaml
 from model_archiver.model_archiver_config import ModelArchiverConfig
 from model_archiver.model_packaging import generate_model_archive
 
-from handler.build.model_config import ServingOptions, model_config
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.artifacts import write_weights_digest
+from handler.packing.model_config import ServingOptions, model_config
 from handler.serving.config import CHECKPOINT_DIR_NAME, MODEL_CONFIG_FILE
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""A GGUF file alone as a checkpoint (handler.build.gguf_checkpoint): staged with the config and
+"""A GGUF file alone as a checkpoint (handler.packing.gguf_checkpoint): staged with the config and
 tokenizer converted from it, loaded with every weight from the file, and refused with the
 tensor's name where a type is not served."""
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from handler.build.gguf_checkpoint import check_served, gguf_source, stage_gguf
 from handler.engine.checkpoint import CheckpointError, open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.engine.quant.apply import projections
 from handler.engine.sampling import SamplingParams
 from handler.engine.tokenizer import Tokenizer
+from handler.packing.gguf_checkpoint import check_served, gguf_source, stage_gguf
 
 gguf = pytest.importorskip("gguf")
 

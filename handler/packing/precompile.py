@@ -3,7 +3,7 @@
 The key of a .mar is what a worker serving it computes at load (handler.engine.compiled.artifacts), so
 the sidecar can restore the matching artifact before TorchServe starts:
 
-    python -m handler.build.precompile key model_store/llm.mar --out /var/cache/ts-llm/key.json
+    python -m handler.packing.precompile key model_store/llm.mar --out /var/cache/ts-llm/key.json
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def key_for_mar(mar: Path) -> CacheKey:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.build.precompile", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m handler.packing.precompile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     key = sub.add_parser("key", help="print (or write) the cache key of a .mar on this machine")
