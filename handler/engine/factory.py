@@ -31,7 +31,7 @@ from handler.engine.compiled.steps import OnCompiled, OnFallback, Steps, build_s
 from handler.engine.config import EngineConfig
 from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
-from handler.engine.kernels import threads
+from handler.engine.kernels import build as kernels, threads
 from handler.engine.kernels.threads import ThreadSettings
 from handler.engine.model import Transformer
 from handler.engine.tokenizer import Tokenizer
@@ -56,7 +56,8 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     cfg, path = platform.resolve(cfg)
     log.info("engine path %s: %s (asked dtype=%s, packed_weights=%s)", path, platform.detect().describe(), asked.dtype,
              asked.packed_weights)
-    settings = threads.take(cfg) if torch.device(cfg.device).type == "cpu" else threads.in_force(cfg)
+    cpu = torch.device(cfg.device).type == "cpu"
+    settings = threads.take(cfg, kernels.load()) if cpu else threads.in_force(cfg)
     log.info("engine threads: %s", settings.describe())
     if not settings.bounded:
         log.warning("engine threads wait by spinning (%s): beside another busy process tokens come seconds apart; "

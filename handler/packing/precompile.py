@@ -24,7 +24,7 @@ from handler.engine.compiled.artifacts import WEIGHTS_DIGEST_FILE, artifact_key,
 from handler.engine.compiled.cold_compile import compile_and_install
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.kernels import threads
+from handler.engine.kernels import build as kernels, threads
 from handler.engine.platform import auto_quantization, resolve
 from handler.serving.config import MODEL_CONFIG_FILE, HandlerConfig
 
@@ -36,7 +36,7 @@ def build_artifact(cfg: EngineConfig, dest: Path) -> CacheKey:
     unsupported = aot.unsupported_reason(cfg)
     if unsupported is not None:
         raise ValueError(f"--aot: cannot build artifacts for this configuration: {unsupported}")
-    threads.take(cfg)  # the graphs are compiled for the threads a worker gives torch
+    threads.take(cfg, kernels.load())  # the graphs are compiled for the threads a worker gives torch
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     key = artifact_key(cfg, digest_files(ckpt.digested_files))
     model = prepare_model(ckpt, cfg)

@@ -20,6 +20,7 @@ applies an engine's choice; `in_force()` is what the worker runs with, for its l
 ts_llm_engine_threads metric."""
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,13 +72,11 @@ def graph_threads(cfg: EngineConfig) -> int:
     return 1 if cfg.threading == "pool" else cfg.threads or CORES
 
 
-def take(cfg: EngineConfig) -> ThreadSettings:
+def take(cfg: EngineConfig, kernels: ctypes.CDLL) -> ThreadSettings:
     """Give this process the threads `cfg` asks for (CPU engines): torch's intra-op threads, and the
-    quantized products' pool or OpenMP team. Loads the kernels (build.load) to tell them."""
-    from handler.engine.kernels import build
-
+    quantized products' pool or OpenMP team, told to `kernels` (build.load()'s library)."""
     torch.set_num_threads(graph_threads(cfg))
-    build.load().ts_llm_set_threads((cfg.threads or CORES) if cfg.threading == "pool" else 0)
+    kernels.ts_llm_set_threads((cfg.threads or CORES) if cfg.threading == "pool" else 0)
     return in_force(cfg)
 
 

@@ -54,9 +54,9 @@ TAKE = """
 import torch
 from pathlib import Path
 from handler.engine.config import EngineConfig
-from handler.engine.kernels import threads
+from handler.engine.kernels import build, threads
 for threading in ("pool", "openmp"):
-    settings = threads.take(EngineConfig(Path("ckpt"), threading=threading, threads=2))
+    settings = threads.take(EngineConfig(Path("ckpt"), threading=threading, threads=2), build.load())
     print(threading, torch.get_num_threads(), settings.threads)
 """
 
