@@ -95,10 +95,10 @@ def replace_dir(staged: Path, dest_dir: Path) -> None:
     rename() cannot replace a non-empty directory, so there is a short window with no
     dest_dir at all; a crash there costs one more download, never a half-written artifact.
     """
-    aside = None
+    old = None
     if dest_dir.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.old-", dir=dest_dir.parent))
-        os.rename(dest_dir, aside / dest_dir.name)
+        old = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.old-", dir=dest_dir.parent))
+        os.rename(dest_dir, old / dest_dir.name)
     os.rename(staged, dest_dir)
-    if aside is not None:
-        shutil.rmtree(aside)
+    if old is not None:
+        shutil.rmtree(old)

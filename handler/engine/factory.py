@@ -5,8 +5,8 @@
                           `auto` quantization the checkpoint's own (its GGUF, else none)
       open_checkpoint     the checkpoint's config, tokenizer and safetensors files, checked
       artifact_request    the cache key of this worker's compiled artifact, and where to look
-                          (handler.engine.compiled.artifact_lookup, as look_up_aside)
-      look_up_aside       (warm_start: background) the verified artifact, or the compile process
+                          (handler.engine.compiled.artifact_lookup, as look_up_in_background)
+      look_up_in_background (warm_start: background) the verified artifact, or the compile process
                           started at once when there is none: its start overlaps prepare_model
       prepare_model       weights in the resolved dtype, quantized and packed as chosen, KV cache
       build_steps         compiled prefill and decode: an artifact loaded, or compiled here
@@ -24,7 +24,7 @@ import torch
 
 from handler.engine import platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled.artifact_lookup import OnRejected, artifact_request, look_up_aside
+from handler.engine.compiled.artifact_lookup import OnRejected, artifact_request, look_up_in_background
 from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.compiled.steps import OnCompiled, OnFallback, Steps, build_steps
@@ -65,14 +65,14 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
                     "entrypoint set it)", settings.wait, threads.SPIN_COUNT)
     ckpt = open_checkpoint(cfg.checkpoint_dir)
     wanted = artifact_request(ckpt, cfg, places, on_rejected)
-    aside = look_up_aside(cfg, wanted)
+    lookup = look_up_in_background(cfg, wanted)
     try:
         model = prepare_model(ckpt, cfg)
     except BaseException:
-        if aside is not None and aside.compiling is not None:
-            aside.compiling.kill()  # nobody would load what it compiles
+        if lookup is not None and lookup.compiling is not None:
+            lookup.compiling.kill()  # nobody would load what it compiles
         raise
-    steps = build_steps(model, cfg, on_fallback, wanted, on_compiled, aside)
+    steps = build_steps(model, cfg, on_fallback, wanted, on_compiled, lookup)
     tokenizer = Tokenizer.from_dir(ckpt.path)
     grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,

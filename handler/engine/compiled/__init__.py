@@ -14,7 +14,7 @@ verified artifact, loaded (by default in the background while eager steps serve)
     compile_times.py     what a side-by-side compile took before, for its time estimate
     cpp_cache.py         the C++ kernels and precompiled header an artifact carries
     artifacts.py         the artifact's cache key, its verification against the manifest, its install
-    artifact_lookup.py   which artifact a worker wants, where it looks, the compile process started aside
+    artifact_lookup.py   which artifact a worker wants, where it looks, the compile process started in the background
     warm_start.py        an artifact loaded in a background thread, switched to between two steps
     errors.py            CompileError, and how a failed compile or load is reported
 """

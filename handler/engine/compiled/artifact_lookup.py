@@ -1,13 +1,13 @@
-"""Which compiled artifact a worker wants, where it looks, and the cold compile started aside.
+"""Which compiled artifact a worker wants, where it looks, and the cold compile started in the background.
 
-    artifact_request    the cache key of this worker's artifact (config, torch, CPU, weights)
-                        and the places to look: none when this configuration cannot use one
-    find_verified       the first verified artifact for the key in those places
-    look_up_aside       warm_start: background with a cache dir to install into: the verified
-                        artifact, or the compile process (handler.engine.compiled.compile_process)
-                        started at once when there is none, before the worker prepares its model
-                        (handler.engine.factory), so that the two starts overlap (~6 s of a cold
-                        start's compiled speed)
+    artifact_request       the cache key of this worker's artifact (config, torch, CPU, weights)
+                           and the places to look: none when this configuration cannot use one
+    find_verified          the first verified artifact for the key in those places
+    look_up_in_background  warm_start: background with a cache dir to install into: the verified
+                           artifact, or the compile process (handler.engine.compiled.compile_process)
+                           started at once when there is none, before the worker prepares its model
+                           (handler.engine.factory), so that the two starts overlap (~6 s of a cold
+                           start's compiled speed)
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class ArtifactRequest:
 
 
 @dataclass(frozen=True)
-class AsideLookup:
+class BackgroundLookup:
     """The background path's artifact lookup (warm_start: background, with a cache dir to install
     into), made before the model is prepared: with no verified artifact the compile process
     starts at once, and its own start (imports, its model: ~6 s) overlaps this worker's."""
@@ -63,21 +63,21 @@ def artifact_request(ckpt: Checkpoint, cfg: EngineConfig, places: ArtifactPlaces
     return ArtifactRequest(key, places.for_key(key), on_rejected)
 
 
-def look_up_aside(cfg: EngineConfig, wanted: ArtifactRequest | None) -> AsideLookup | None:
+def look_up_in_background(cfg: EngineConfig, wanted: ArtifactRequest | None) -> BackgroundLookup | None:
     """The lookup of the background path (None on the others); a failure is kept, not raised."""
-    if wanted is None or not compiles_aside(cfg, wanted):
+    if wanted is None or not compiles_in_background(cfg, wanted):
         return None
     cache_dir = wanted.places.cache_dir
-    assert cache_dir is not None, "compiles_aside: only with a cache dir to install into"
+    assert cache_dir is not None, "compiles_in_background: only with a cache dir to install into"
     try:
         with artifacts.holding(wanted.places):
             found = find_verified(wanted)
             if found is not None:
-                return AsideLookup(found=found)
+                return BackgroundLookup(found=found)
             # The install lock is let go: the compile process takes it, the background load again.
-            return AsideLookup(compiling=start_compile_process(cfg, wanted.key, cache_dir))
+            return BackgroundLookup(compiling=start_compile_process(cfg, wanted.key, cache_dir))
     except Exception as err:  # locks, files, the process's start: compile failures like any other
-        return AsideLookup(error=err)
+        return BackgroundLookup(error=err)
 
 
 def find_verified(wanted: ArtifactRequest) -> Path | None:
@@ -96,7 +96,7 @@ def find_verified(wanted: ArtifactRequest) -> Path | None:
     return None
 
 
-def compiles_aside(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
+def compiles_in_background(cfg: EngineConfig, wanted: ArtifactRequest) -> bool:
     """A cold compile runs in a process of its own while eager steps serve when it has a cache
     dir to install into and the configuration serves before compiled steps are in."""
     return cfg.warm_start == "background" and wanted.places.cache_dir is not None

@@ -56,13 +56,13 @@ class Part:
         return self.step if self.kinds == aot.KINDS else f"{self.step}, {', '.join(self.kinds)}"
 
 
-ASIDE = (Part("prefill", aot.KINDS), Part("decode", ("general",)))  # compiled by children
+IN_CHILDREN = (Part("prefill", aot.KINDS), Part("decode", ("general",)))  # compiled by children
 HERE = Part("decode", ("batch 1",))  # compiled in this process meanwhile
 
 
 def progress(part: Part) -> CompileProgress:
-    """Progress lines numbering the graphs of HERE and ASIDE as one compile: graph 2 of 3 ..."""
-    parts = [HERE, *ASIDE]
+    """Progress lines numbering the graphs of HERE and IN_CHILDREN as one compile: graph 2 of 3 ..."""
+    parts = [HERE, *IN_CHILDREN]
     counts = [aot.expected_graphs(p.step, p.kinds) for p in parts]
     i = parts.index(part)
     return CompileProgress(sum(counts), first=1 + sum(counts[:i]), beside=len(parts) - 1)
@@ -76,7 +76,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
                   fork_threads: int | None = None) -> dict[shapes.StepName, aot.SavedGraphs]:
     """Every step's graphs (aot.compile_steps), saved under `build_dir` (the private build dir,
     cpp_cache.private_build_dirs, this compile's Inductor cache) and loaded back once, with the
-    ASIDE parts compiled in child processes when there are two cores or more (CPU only: on CUDA
+    IN_CHILDREN parts compiled in child processes when there are two cores or more (CPU only: on CUDA
     the graphs' compile is not what bounds a cold start here). Each graph is loaded while the
     graphs still compiling elsewhere run. `model_cache_dir` is the Inductor cache `model` was
     prepared in (its quantized kernels are there: a child need not build them).
@@ -92,13 +92,13 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
         steps = aot.compile_steps(model, cfg)
         return {name: aot.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
                 for name in aot.STEPS}
-    outs = [graphs_dir / f"aside-{i}" for i in range(len(ASIDE))]
+    outs = [graphs_dir / f"child-{i}" for i in range(len(IN_CHILDREN))]
     side_by_side = _side_by_side(Path(model_cache_dir), len(model.layers))
     children: list[Child]
     if fork_threads is None:
-        children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(ASIDE, outs, strict=True)]
+        children = [_start(cfg, part, model_cache_dir, build_dir, out) for part, out in zip(IN_CHILDREN, outs, strict=True)]
     else:
-        children = [_fork(model, cfg, part, out, fork_threads) for part, out in zip(ASIDE, outs, strict=True)]
+        children = [_fork(model, cfg, part, out, fork_threads) for part, out in zip(IN_CHILDREN, outs, strict=True)]
     _set_threads(fork_threads)
     try:
         with _reporting(side_by_side):  # a thread: started after the fork, as a fork copies none
@@ -106,7 +106,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
             side_by_side.finished(str(HERE), time.monotonic())
             decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
             prefill, general = (_collect(part, child, out, side_by_side)
-                                for part, child, out in zip(ASIDE, children, outs, strict=True))
+                                for part, child, out in zip(IN_CHILDREN, children, outs, strict=True))
     finally:
         _stop(children)  # this side failed or was interrupted: the children's work is moot
     compile_times.record(Path(model_cache_dir), len(model.layers), side_by_side.done)
@@ -115,7 +115,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
 
 
 def _side_by_side(model_cache_dir: Path, layers: int) -> SideBySide:
-    parts = tuple(str(part) for part in (HERE, *ASIDE))
+    parts = tuple(str(part) for part in (HERE, *IN_CHILDREN))
     expected, basis = compile_times.expected(model_cache_dir, parts, layers, usable_cores())
     return SideBySide(parts, time.monotonic(), expected, basis)
 

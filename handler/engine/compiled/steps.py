@@ -27,7 +27,12 @@ import torch
 
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine.compiled import aot, artifacts
-from handler.engine.compiled.artifact_lookup import ArtifactRequest, AsideLookup, find_verified, look_up_aside
+from handler.engine.compiled.artifact_lookup import (
+    ArtifactRequest,
+    BackgroundLookup,
+    find_verified,
+    look_up_in_background,
+)
 from handler.engine.compiled.cold_compile import compile_and_install
 from handler.engine.compiled.compile_process import wait_for_compile
 from handler.engine.compiled.errors import CompileError, failure_reason
@@ -67,15 +72,15 @@ class Steps:
 
 def build_steps(model: Transformer, cfg: EngineConfig, on_fallback: OnFallback | None = None,
                 artifacts_wanted: ArtifactRequest | None = None, on_compiled: OnCompiled | None = None,
-                aside: AsideLookup | None = None) -> Steps:
+                lookup: BackgroundLookup | None = None) -> Steps:
     """The model's steps as configured: eager, or compiled (see the module docstring). A failure
-    raises CompileError, or serves eager with on_compile_error=eager. `aside`: look_up_aside's
+    raises CompileError, or serves eager with on_compile_error=eager. `lookup`: look_up_in_background's
     answer when build_engine looked up early (else the lookup happens here)."""
     if cfg.compile == "eager":
         log.info("compile=eager: serving the uncompiled model, as configured")
         return Steps(model.prefill, model.decode, "eager", 0.0)
     try:
-        return _compiled_steps(model, cfg, artifacts_wanted, on_fallback, on_compiled, aside)
+        return _compiled_steps(model, cfg, artifacts_wanted, on_fallback, on_compiled, lookup)
     except Exception as err:  # Dynamo/Inductor raise many types; all mean "no compiled model"
         return _eager_after_failure(model, cfg, err, on_fallback)
 
@@ -96,21 +101,21 @@ def _eager_after_failure(model: Transformer, cfg: EngineConfig, err: Exception, 
 # ---- which compiled steps ---------------------------------------------------------------------
 
 def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest | None,
-                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None, aside: AsideLookup | None) -> Steps:
+                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None, lookup: BackgroundLookup | None) -> Steps:
     """torch.compile where AOT cannot serve; else a verified artifact (in the background or
     before returning); else an AOT compile, installed when there is a cache dir."""
     if aot.unsupported_reason(cfg) is not None:
         return _torch_compiled(model, cfg)
     if wanted is None:
         return _aot_cold(model, cfg, None)
-    aside = aside if aside is not None else look_up_aside(cfg, wanted)
-    if aside is not None:
-        if aside.error is not None:
-            raise aside.error
-        if aside.compiling is not None:
-            return _compile_aside(model, cfg, wanted, aside.compiling, on_fallback, on_compiled)
-        assert aside.found is not None, "a lookup aside fails, finds or starts a compile"
-        return _load_in_background(model, cfg, wanted, aside.found, on_fallback, on_compiled)
+    lookup = lookup if lookup is not None else look_up_in_background(cfg, wanted)
+    if lookup is not None:
+        if lookup.error is not None:
+            raise lookup.error
+        if lookup.compiling is not None:
+            return _compile_in_background(model, cfg, wanted, lookup.compiling, on_fallback, on_compiled)
+        assert lookup.found is not None, "a background lookup fails, finds or starts a compile"
+        return _load_in_background(model, cfg, wanted, lookup.found, on_fallback, on_compiled)
     with artifacts.holding(wanted.places):
         path = find_verified(wanted)
         if path is None:
@@ -119,7 +124,7 @@ def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactReque
             start = time.perf_counter()
             loaded = aot.load_artifacts(model, path)
             return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
-    # Background, with nowhere to install (so no lookup aside): the lock is taken again to load.
+    # Background, with nowhere to install (so no background lookup): the lock is taken again to load.
     assert path is not None  # returned above; the checker assumes holding() may swallow an exception
     return _load_in_background(model, cfg, wanted, path, on_fallback, on_compiled)
 
@@ -144,7 +149,7 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
                  artifact_dir=path, background=background)
 
 
-def _compile_aside(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, process: subprocess.Popen,
+def _compile_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, process: subprocess.Popen,
                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
     """Eager steps now; the compiled ones once `process` (handler.engine.compiled.compile_process)
     has installed the artifact and a background load has loaded it (on_compiled gets the seconds

@@ -24,7 +24,7 @@ from typing import TypeVar
 from handler.cache import ArtifactStore, CacheStoreError
 from handler.cache.errors import ManifestSignatureError
 from handler.cache.signing import unverified_body
-from handler.sidecar.aside import Aside
+from handler.sidecar.background_call import BackgroundCall
 from handler.sidecar.drain.stop_record import (
     encode_stop_seconds,
     parse_stop_seconds,
@@ -89,15 +89,15 @@ def share(store: ArtifactStore, local: Path, seen: list[float], timeout_s: float
 
 
 def bounded(call: Callable[[], T], timeout_s: float, what: str) -> T | None:
-    """call() aside, given up after timeout_s; None when the store failed or it timed out
+    """call() in a thread of its own, given up after timeout_s; None when the store failed or it timed out
     (logged). Any other error is a bug, raised here."""
-    aside = Aside(call, "fleet-stop-record")
-    if not aside.join(timeout_s):
+    running = BackgroundCall(call, "fleet-stop-record")
+    if not running.join(timeout_s):
         log.warning("fleet stop record: %s still running after %.1f s: given up", what, timeout_s)
         return None
-    if isinstance(aside.error, STORE_ERRORS):
-        log.warning("fleet stop record: %s failed (%s: %s)", what, type(aside.error).__name__, aside.error)
+    if isinstance(running.error, STORE_ERRORS):
+        log.warning("fleet stop record: %s failed (%s: %s)", what, type(running.error).__name__, running.error)
         return None
-    if aside.error is not None:
-        raise aside.error
-    return aside.result
+    if running.error is not None:
+        raise running.error
+    return running.result

@@ -1,4 +1,4 @@
-"""The cache publish: started aside with the drain, waited for by the publish step until publish_by.
+"""The cache publish: started with the drain, in the background, waited for by the publish step until publish_by.
 
 The publisher itself (app/cache_sync.py) uploads the compile cache; this module only runs it
 beside the in-flight wait (start_publish, before the first step) and bounds it: the publish step
@@ -8,13 +8,13 @@ step needs. An abandoned publisher thread is a daemon: it dies with the process.
 
 from __future__ import annotations
 
-from handler.sidecar.aside import Aside
+from handler.sidecar.background_call import BackgroundCall
 from handler.sidecar.drain.deps import DrainDeps
 from handler.sidecar.drain.report import DrainReport
 from handler.sidecar.errors import SidecarError
 
 
-def start_publish(report: DrainReport, deps: DrainDeps) -> Aside[object] | None:
+def start_publish(report: DrainReport, deps: DrainDeps) -> BackgroundCall[object] | None:
     """Start the publisher now, beside the wait; None when no publish step is planned or the
     notice left no time before publish_by."""
     if "publish" not in report.plan.steps or deps.publish_cache is None:
@@ -22,10 +22,10 @@ def start_publish(report: DrainReport, deps: DrainDeps) -> Aside[object] | None:
     if report.plan.publish_by <= deps.clock():
         return None
     publisher, publish_by = deps.publish_cache, report.plan.publish_by
-    return Aside(lambda: publisher(publish_by), "cache-publish", deps.clock)
+    return BackgroundCall(lambda: publisher(publish_by), "cache-publish", deps.clock)
 
 
-def publish(report: DrainReport, deps: DrainDeps, running: Aside[object] | None) -> None:
+def publish(report: DrainReport, deps: DrainDeps, running: BackgroundCall[object] | None) -> None:
     """The publish step: wait for the publish started with the drain, until publish_by."""
     report.published = False
     budget = report.plan.publish_by - deps.clock()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from handler.engine.compiled import artifact_lookup, artifacts
-from handler.engine.compiled.artifact_lookup import ArtifactRequest, artifact_request, look_up_aside
+from handler.engine.compiled.artifact_lookup import ArtifactRequest, artifact_request, look_up_in_background
 from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
@@ -22,7 +22,7 @@ def config(**fields) -> EngineConfig:
 
 @pytest.fixture
 def started(monkeypatch) -> list[Path]:
-    """The compile processes look_up_aside starts, recorded (their dest) instead of started."""
+    """The compile processes look_up_in_background starts, recorded (their dest) instead of started."""
     dests: list[Path] = []
 
     def start(cfg, key, dest):
@@ -48,14 +48,14 @@ def test_a_configuration_aot_cannot_serve_requests_no_artifact(caplog):
 
 
 def test_only_the_background_path_with_a_cache_dir_looks_up_early(tmp_path, started):
-    assert look_up_aside(config(warm_start="blocking"), request(tmp_path / "aot")) is None
-    assert look_up_aside(config(warm_start="background"), request(None)) is None
-    assert look_up_aside(config(warm_start="background"), None) is None
+    assert look_up_in_background(config(warm_start="blocking"), request(tmp_path / "aot")) is None
+    assert look_up_in_background(config(warm_start="background"), request(None)) is None
+    assert look_up_in_background(config(warm_start="background"), None) is None
     assert started == []
 
 
 def test_with_no_artifact_the_compile_process_starts_at_once(tmp_path, started):
-    found = look_up_aside(config(warm_start="background"), request(tmp_path / "aot"))
+    found = look_up_in_background(config(warm_start="background"), request(tmp_path / "aot"))
     assert found.found is None and found.error is None
     assert found.compiling == f"process for {tmp_path / 'aot'}" and started == [tmp_path / "aot"]
 
@@ -63,7 +63,7 @@ def test_with_no_artifact_the_compile_process_starts_at_once(tmp_path, started):
 def test_a_verified_artifact_is_found_and_nothing_compiles(tmp_path, started):
     wanted = request(tmp_path / "aot")
     artifacts.install(lambda staged: (staged / "graphs.json").write_text("{}"), wanted.key, tmp_path / "aot")
-    found = look_up_aside(config(warm_start="background"), wanted)
+    found = look_up_in_background(config(warm_start="background"), wanted)
     assert found.found == tmp_path / "aot" and found.compiling is None and started == []
 
 
@@ -73,14 +73,14 @@ def test_a_failed_lookup_is_kept_for_build_steps_to_judge(tmp_path, monkeypatch)
 
     monkeypatch.setattr(artifact_lookup, "find_verified", broken)
     wanted = request(tmp_path / "aot")
-    kept = look_up_aside(config(warm_start="background"), wanted)
+    kept = look_up_in_background(config(warm_start="background"), wanted)
     assert isinstance(kept.error, OSError)
     model = tiny_transformer(slots=2, max_seq_len=32)
     with pytest.raises(CompileError, match="cache volume gone"):
-        build_steps(model, config(warm_start="background"), artifacts_wanted=wanted, aside=kept)
+        build_steps(model, config(warm_start="background"), artifacts_wanted=wanted, lookup=kept)
     reasons = []
     steps = build_steps(model, config(warm_start="background", on_compile_error="eager"), reasons.append,
-                        artifacts_wanted=wanted, aside=kept)
+                        artifacts_wanted=wanted, lookup=kept)
     assert steps.mode == "eager" and reasons == ["OSError: cache volume gone"]
 
 

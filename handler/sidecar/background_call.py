@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class Aside(Generic[T]):
+class BackgroundCall(Generic[T]):
     """call() started now; its result or error once it ended (times on `clock`)."""
 
     def __init__(self, call: Callable[[], T], name: str, clock: Callable[[], float] = time.time) -> None:
