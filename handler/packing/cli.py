@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--activations", **flag(EngineConfig, "activations"),
                    help="how quantized products take x: fine (int8 and its rounding error: answers as unrounded) "
                    "or int8 (once, as llama.cpp's Q8: faster at many rows)")
+    p.add_argument("--threading", **flag(EngineConfig, "threading"),
+                   help="who runs the quantized products' threads: pool (holds up beside other busy processes) or "
+                   "openmp (torch's team: attention on every thread, faster for long prompts on cores of its own)")
     p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
                    "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # cuda: each worker's GPU
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = args.checkpoint or ensure_default_checkpoint(DEFAULT_CHECKPOINT_DIR)
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device,
                    "compile": args.compile, "quantization": args.quantization, "group_size": args.group_size,
-                   "activations": args.activations,
+                   "activations": args.activations, "threading": args.threading,
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}

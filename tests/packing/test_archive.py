@@ -49,6 +49,13 @@ def test_archive_sh_with_an_unknown_cpu_profile_is_a_one_line_error(capsys):
 
 
 
+def test_archive_sh_sets_the_threading(tmp_path, default_checkpoint):
+    assert main(["--checkpoint", str(default_checkpoint), "--model-store", str(tmp_path), "--compile", "eager",
+                 "--threading", "openmp"]) == 0
+    with zipfile.ZipFile(tmp_path / "llm.mar") as z:
+        assert yaml.safe_load(z.read("model-config.yaml"))["handler"]["threading"] == "openmp"
+
+
 def test_archive_sh_sets_the_resume_store(tmp_path, default_checkpoint):
     # issue 62: the tester had to edit model-config.yaml inside the .mar to turn resume on
     store = tmp_path / "resume"
