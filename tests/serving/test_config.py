@@ -48,6 +48,11 @@ def test_wrong_type_is_rejected():
         parse({"handler": {"served_model_name": 16}})
 
 
+def test_an_unknown_threading_is_rejected():
+    with pytest.raises(ConfigError, match=r"handler\.threading must be one of 'pool', 'openmp', got 'gomp'"):
+        parse({"handler": {"threading": "gomp"}})
+
+
 def test_batch_size_larger_than_the_engine_is_rejected():
     with pytest.raises(ConfigError, match=r"batchSize 64 exceeds handler\.max_batch_size 32"):
         parse({"batchSize": 64, "handler": {}})

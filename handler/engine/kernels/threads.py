@@ -75,9 +75,10 @@ def graph_threads(cfg: EngineConfig) -> int:
 def take(cfg: EngineConfig, kernels: ctypes.CDLL) -> ThreadSettings:
     """Give this process the threads `cfg` asks for (CPU engines): torch's intra-op threads, and the
     quantized products' pool or OpenMP team, told to `kernels` (build.load()'s library)."""
-    torch.set_num_threads(graph_threads(cfg))
-    kernels.ts_llm_set_threads((cfg.threads or CORES) if cfg.threading == "pool" else 0)
-    return in_force(cfg)
+    settings = in_force(cfg)
+    torch.set_num_threads(settings.graph_threads)
+    kernels.ts_llm_set_threads(settings.threads if cfg.threading == "pool" else 0)  # 0: torch's OpenMP team
+    return settings
 
 
 def in_force(cfg: EngineConfig, started_with: Mapping[str, str] | None = None) -> ThreadSettings:
@@ -85,9 +86,9 @@ def in_force(cfg: EngineConfig, started_with: Mapping[str, str] | None = None) -
     (for an OpenMP team, what libgomp read from the environment the process started with:
     `started_with`, default /proc/self/environ)."""
     if cfg.threading == "pool":
-        return ThreadSettings(cfg.threads or CORES, POOL_WAIT, 1)
+        return ThreadSettings(cfg.threads or CORES, POOL_WAIT, graph_threads(cfg))
     env = started_environment() if started_with is None else started_with
-    return ThreadSettings(cfg.threads or CORES, wait_of(env), cfg.threads or CORES)
+    return ThreadSettings(cfg.threads or CORES, wait_of(env), graph_threads(cfg))
 
 
 def wait_of(env: Mapping[str, str]) -> str:
