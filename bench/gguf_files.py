@@ -245,7 +245,7 @@ def weight_bytes(gguf: Path, tmp: Path) -> dict:
     file served as stored (eager; compiled graphs hold no weights)."""
     import psutil
 
-    from handler.engine import packed
+    from handler.engine.model import packed
 
     ckpt = stage_gguf(gguf, tmp / "memory-ckpt")
     loaded = build_engine(EngineConfig(ckpt, compile="eager", max_batch_size=16, max_seq_len=512))

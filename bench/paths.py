@@ -26,12 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import RESULTS, best_seconds, previous_profiles, profile_heading, versions, write_json, write_section
-from handler.engine import packed, platform
+from handler.engine import platform
 from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.compiled import aot
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.kernels import build, matvec
-from handler.engine.linear import Linear
+from handler.engine.model import packed
+from handler.engine.model.linear import Linear
 
 ROWS = (1, 2, 4, 8, 16, 32, 128)
 REPEATS = 5  # every time is the best of this many

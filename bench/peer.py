@@ -60,7 +60,7 @@ SYSTEMS = ("ours", "llama.cpp")
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(peer_models.MODELS), default="default",
-                   help="default: SmolLM2-135M-Instruct; 1b: the Llama-3.2-1B body, random weights (bench/peer_models.py)")
+                   help="default: SmolLM2-135M-Instruct; 1b, 3b, 8b: Llama 3.x bodies, random weights (bench/peer_models.py)")
     p.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests", type=int, nargs="+", default=[32, 32, 64, 64],
@@ -78,13 +78,15 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--ctx", type=int, default=16384, help="llama-server's -c (shared by its slots)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--peer-types", nargs="+", metavar="TYPE", help="llama.cpp's GGUF types to run (default: every "
+                   "type of each precision; an 8B's three int4 servers would not fit 24 GiB beside ours)")
     p.add_argument("--ours-int4", metavar="TYPE", help="the GGUF type ours serves at int4 (default: the model's, "
                    "peer_models.MODELS; Q4_1 is the default model's shipped file)")
     p.add_argument("--cpu-profile", metavar="NAME", help="run under this CPU profile: ours forced to it, llama.cpp "
                    "built for it (avx2: explicit AVX2 flags, a build of its own)")
     p.add_argument("--build-only", action="store_true", help="build llama.cpp (cached) and stop")
     p.add_argument("--out", help="results name: docs/results/<out>.json and .png, the <out> section of "
-                   "docs/benchmarks.md (default: peer, peer_1b; another name keeps a partial run beside the full one)")
+                   "docs/benchmarks.md (default: peer, peer_1b, peer_3b, peer_8b; another name keeps a partial run beside the full one)")
     args = p.parse_args(argv)
     if len(args.requests) != len(args.concurrency):
         p.error("--requests needs one count per --concurrency level")
@@ -206,6 +208,11 @@ def ours_checkpoint(precision: str, checkpoint: Path, gguf: Path | None, tmp: Pa
     return out
 
 
+def peer_types(precision: str, args) -> list[str]:
+    """llama.cpp's GGUF types of `precision` that run (--peer-types narrows them)."""
+    return [k for k in llamacpp.GGUF_TYPES[precision] if not args.peer_types or k in args.peer_types]
+
+
 def sweep(precision: str, checkpoint: Path, gguf: Path | None, ggufs: dict[str, Path], build: dict, args,
           tmp: Path) -> dict:
     """The precision's pair: ours and every GGUF type of its width, all up at once, measured in
@@ -215,7 +222,7 @@ def sweep(precision: str, checkpoint: Path, gguf: Path | None, ggufs: dict[str, 
         if "ours" in args.systems:
             servers[("ours", precision)] = stack.enter_context(ours_server(precision, checkpoint, gguf, args, tmp))
         if "llama.cpp" in args.systems:
-            for kind in llamacpp.GGUF_TYPES[precision]:
+            for kind in peer_types(precision, args):
                 servers[("llama.cpp", kind)] = stack.enter_context(llamacpp_server(kind, build, ggufs[kind], args, tmp))
         runs = measure_rounds(servers, args)
         sides = {key: {**server.describe(), "runs": runs[key]} for key, server in servers.items()}
@@ -347,7 +354,7 @@ def main() -> None:
     model = peer_models.MODELS[args.model]
     checkpoint = peer_models.checkpoint(model)
     ours_gguf = {**model.ours_gguf, **({"int4": args.ours_int4} if args.ours_int4 else {})}
-    kinds = [k for p in args.precisions for k in llamacpp.GGUF_TYPES[p]]
+    kinds = [k for p in args.precisions for k in peer_types(p, args)]
     ggufs = peer_models.ggufs(model, build, checkpoint, kinds + [ours_gguf[p] for p in args.precisions if p in ours_gguf])
     pairs = {}
     with tempfile.TemporaryDirectory() as tmp:

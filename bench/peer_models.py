@@ -1,7 +1,8 @@
 """The models bench/peer.py compares on: the default one (SmolLM2-135M-Instruct, from its bf16
-checkpoint and shipped Q4_1 GGUF) and a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16
+checkpoint and shipped Q4_1 GGUF), a 1B-class one: the Llama-3.2-1B body (hidden 2048, 16
 layers, 32 query / 8 KV heads, MLP 8192, tied embeddings, llama3 rope scaling) with random weights
-and the default model's tokenizer. Decode speed depends on the shapes, not the values, and the bench asks for exactly
+and the default model's tokenizer, and the Llama-3.2-3B and Llama-3.1-8B bodies, written straight
+into GGUF files (random_gguf.py). Decode speed depends on the shapes, not the values, and the bench asks for exactly
 `output_tokens` tokens (`ignore_eos`)."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import peer_llamacpp as llamacpp
+from bench import peer_llamacpp as llamacpp, random_gguf
 from bench.common import REPO
 from handler.engine.convert import ensure_default_checkpoint
 
@@ -31,6 +32,9 @@ MODELS = {m.key: m for m in (
     PeerModel("default", "SmolLM2-135M-Instruct", "peer", {"int8": "Q8_0", "int4": "Q4_0"}),
     # no shipped file: ours serves the very Q4_0 file llama.cpp serves (its tied head in Q6_K)
     PeerModel("1b", "Llama-3.2-1B body, random weights", "peer_1b", {"int8": "Q8_0", "int4": "Q4_0"}),
+    # written as GGUF only (random_gguf.py): ours serves the very files llama.cpp serves, Q4_0 or Q4_K_M
+    PeerModel("3b", "Llama-3.2-3B body, random weights", "peer_3b", {"int8": "Q8_0", "int4": "Q4_0"}),
+    PeerModel("8b", "Llama-3.1-8B body, random weights", "peer_8b", {"int8": "Q8_0", "int4": "Q4_0"}),
 )}
 
 ONE_B: dict[str, Any] = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
@@ -42,12 +46,22 @@ ONE_B: dict[str, Any] = {"hidden_size": 2048, "intermediate_size": 8192, "num_hi
 
 def checkpoint(model: PeerModel) -> Path:
     default = ensure_default_checkpoint(CHECKPOINTS / "smollm2-135m-instruct")
+    if model.key in random_gguf.BODIES:  # config and tokenizer only: the weights are the GGUF linked in
+        return random_gguf.write_checkpoint(model.key, CHECKPOINTS / f"llama-{model.key}-random", default)
     return default if model.key == "default" else random_1b(CHECKPOINTS / "llama-1b-random", default)
 
 
 def ggufs(model: PeerModel, build: dict, ckpt: Path, kinds: list[str]) -> dict[str, Path]:
     if model.key == "default":
         return llamacpp.default_ggufs(build, kinds)
+    if model.key in random_gguf.BODIES:
+        base = llamacpp.cache_root() / "gguf" / ckpt.name
+        bf16 = llamacpp.gguf_path(base, "BF16")
+        if not bf16.is_file():
+            template = llamacpp.default_ggufs(build, ["BF16"])["BF16"]
+            print(f"random {model.key} body -> {bf16}", flush=True)
+            random_gguf.write_bf16_gguf(model.key, template, bf16)
+        return llamacpp.quantized_ggufs(build, base, kinds)
     return llamacpp.checkpoint_ggufs(build, ckpt, kinds)
 
 

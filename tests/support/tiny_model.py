@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handler.engine.engine import Engine
-from handler.engine.model import ModelArgs, Transformer
+from handler.engine.model.transformer import ModelArgs, Transformer
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 EOS_ID = 0

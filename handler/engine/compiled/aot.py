@@ -33,7 +33,7 @@ from handler.engine.compiled.compile_progress import CompileProgress
 from handler.engine.compiled.flat_call import FlatCall, record
 from handler.engine.compiled.shapes import Shape, StepName, compile_order, example_args, model_sizes, serving_shapes
 from handler.engine.config import EngineConfig
-from handler.engine.model import Transformer
+from handler.engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ STEPS: tuple[StepName, ...] = ("prefill", "decode")
 INDEX_FILE = "graphs.json"
 # Bump when the saved graphs' layout changes: it is part of the artifact's cache key (what each
 # value meant: docs/benchmarks.md, "Compile settings").
-FORMAT = 14
+FORMAT = 15
 
 
 class AotError(EngineError, RuntimeError):

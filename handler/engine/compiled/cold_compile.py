@@ -10,7 +10,7 @@ from pathlib import Path
 from handler.cache.key import KEY_FILE_NAME, CacheKey
 from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile
 from handler.engine.config import EngineConfig
-from handler.engine.model import Transformer
+from handler.engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 

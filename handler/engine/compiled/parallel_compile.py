@@ -38,7 +38,7 @@ from handler.engine.compiled.child_process import exit_now, watch_parent
 from handler.engine.compiled.compile_progress import CompileProgress, SideBySide
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.model import Transformer
+from handler.engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 

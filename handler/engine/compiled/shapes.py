@@ -10,7 +10,7 @@ import torch
 
 from handler.engine.config import EngineConfig
 from handler.engine.engine import decode_window, prefill_width
-from handler.engine.model import Transformer
+from handler.engine.model.transformer import Transformer
 
 StepName = Literal["prefill", "decode"]
 

@@ -1,7 +1,7 @@
-"""The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c), their threads (pool.c) and the ops' C++ entries (torch_op.cpp), built
-and loaded once per process with Inductor's C++ toolchain; loading registers the CPU kernels of
-ts_llm::quantized_linear, ts_llm::kquant_linear and ts_llm::bf16_linear (their schemas may be
-defined before or after).
+"""The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c, attention.c), their threads (pool.c) and
+the ops' C++ entries (torch_op.cpp), built and loaded once per process with Inductor's C++
+toolchain; loading registers the CPU kernels of ts_llm::quantized_linear, ts_llm::kquant_linear,
+ts_llm::bf16_linear and ts_llm::decode_attention (their schemas may be defined before or after).
 
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
 AVX2 machine and AVX-512 where the profile allows it. The build (~3 s: the op's entry is written
@@ -26,7 +26,7 @@ from handler.engine import EngineError, platform
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("pool.c", "quantized.c", "amx.c", "kquant.c", "matvec.c", "torch_op.cpp"))
+                for name in ("pool.c", "quantized.c", "amx.c", "kquant.c", "matvec.c", "attention.c", "torch_op.cpp"))
 TARGETED = SOURCES[1:4]  # the quantized kernels: built with the CPU's extra targets
 # The quantized kernels' paths beyond plain vectors (quantized_paths) and the GCC targets that give
 # each: VNNI in its AVX-512 or its AVX encoding; AMX-INT8 tiles (the platform lists both together).

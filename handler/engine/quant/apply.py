@@ -19,8 +19,8 @@ import torch
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.config import ACTIVATION_ROUNDS, EngineConfig
 from handler.engine.kernels import build
-from handler.engine.linear import QuantizedEmbedding, StoredWeight
-from handler.engine.model import Transformer, projections
+from handler.engine.model.linear import QuantizedEmbedding, StoredWeight
+from handler.engine.model.transformer import Transformer, projections
 from handler.engine.quant.gguf import GGUFWeights, Projection, to_float
 from handler.engine.quant.layout import QuantizationError
 from handler.engine.quant.rtn import quantize_int4, quantize_int8

@@ -1,7 +1,7 @@
 """`ts_llm::quantized_linear` and `ts_llm::kquant_linear`: F.linear with a QuantizedWeight or a
 KQuantWeight, the ops the compiled graphs call.
 
-Opaque to Inductor (like handler.engine.packed's op). On CPU its kernel is C++ (handler.engine.kernels:
+Opaque to Inductor (like handler.engine.model.packed's op). On CPU its kernel is C++ (handler.engine.kernels:
 quantized.c), which takes weights in its own layout (QuantizedWeight.pack()) and
 reads the quantized bytes directly at any row count, once per call: integer dot products with x
 rounded to int8 per block of 32 (and with `rounds` 2 its rounding error too), each row computed as

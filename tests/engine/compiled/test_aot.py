@@ -31,7 +31,7 @@ from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.model import ModelArgs, Transformer
+from handler.engine.model.transformer import ModelArgs, Transformer
 from handler.engine.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]

@@ -7,7 +7,7 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.kernels import matvec
-from handler.engine.linear import Linear
+from handler.engine.model.linear import Linear
 
 
 def _routes(checkpoint, **overrides) -> set[tuple[bool, bool]]:

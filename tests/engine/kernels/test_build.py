@@ -26,7 +26,7 @@ def test_a_missing_compiler_is_a_kernel_build_error(tmp_path):
     # a fresh Inductor cache (nothing built to find) and a compiler that is not there
     env = {**os.environ, "CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     run = subprocess.run([sys.executable, "-c", LOAD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    names = "pool.c, quantized.c, amx.c, kquant.c, matvec.c, torch_op.cpp"
+    names = "pool.c, quantized.c, amx.c, kquant.c, matvec.c, attention.c, torch_op.cpp"
     assert f"KernelBuildError: building the CPU kernels ({names}) failed" in run.stdout, \
         run.stdout + run.stderr
 

@@ -136,7 +136,7 @@ def test_kernel_on_real_blocks(kind):
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
 def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(kind):
-    from handler.engine.linear import QuantizedEmbedding, StoredWeight
+    from handler.engine.model.linear import QuantizedEmbedding, StoredWeight
 
     w = kquant.from_blocks(kind, _blocks(kind, 24, 256, seed=10))
     embedding = QuantizedEmbedding(StoredWeight(w.pack()), torch.float32)

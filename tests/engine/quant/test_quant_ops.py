@@ -182,7 +182,7 @@ def test_centred_int4_fuses_with_minimum_weights_into_the_same_values():
 
 @pytest.mark.parametrize("bits", [8, 4, "4c"])
 def test_an_embedding_lookup_dequantizes_exactly_the_rows_it_reads(bits):
-    from handler.engine.linear import QuantizedEmbedding, StoredWeight
+    from handler.engine.model.linear import QuantizedEmbedding, StoredWeight
 
     w = _weights(bits, 24, 64, 32)
     embedding = QuantizedEmbedding(StoredWeight(w), torch.bfloat16)

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handler.engine.linear import Linear
+from handler.engine.kernels import attention as kernel_attention
+from handler.engine.model.attention import KVCache, apply_rope, decode_attention
+from handler.engine.model.linear import Linear
 
 
 @dataclass(frozen=True)
@@ -50,34 +52,6 @@ class ModelArgs:
     local_layers: tuple[int, ...] = ()
 
 
-class KVCache(nn.Module):
-    k: Tensor  # buffers, registered in __init__
-    v: Tensor
-
-    def __init__(self, slots: int, max_seq: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype):
-        super().__init__()
-        shape = (slots, n_kv_heads, max_seq, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
-
-    def write_chunk(self, slot_ids: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        # slot_ids: [B]; positions: [B, T]; k, v: [B, K, T, D], row b at its positions of slot b
-        rows = slot_ids[:, None]
-        self.k[rows, :, positions] = k.transpose(1, 2)  # indexed as [B, T, K, D]
-        self.v[rows, :, positions] = v.transpose(1, 2)
-
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Positions 0..length-1 of slot `src` into slot `dst` (a prompt prefilled once for n samples)."""
-        self.k[dst, :, :length] = self.k[src, :, :length]
-        self.v[dst, :, :length] = self.v[src, :, :length]
-
-    def write_decode(self, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
-        # input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
-        rows = torch.arange(k.shape[0], device=k.device)
-        self.k[rows, :, input_pos] = k[:, :, 0]
-        self.v[rows, :, input_pos] = v[:, :, 0]
-
-
 def rope_frequencies(args: ModelArgs, max_seq: int, local: bool = False) -> tuple[Tensor, Tensor]:
     """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF); `local`:
     the sliding-window layers' (their own base, no scaling)."""
@@ -99,37 +73,6 @@ def _llama3_scale(inv_freq: Tensor, factor: float, low: float, high: float, orig
     mid = (1 - smooth) * scaled / factor + smooth * scaled
     is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
     return torch.where(is_mid, mid, scaled)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, heads, T, D]; cos, sin: [B, 1, T, D]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float | None = None) -> Tensor:
-    """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
-    visible: [B, S], which positions sequence b sees. Returns [B, H, 1, D]. Written out: CPU SDPA
-    costs 3-4x this for one masked query row with grouped KV heads. Query heads sharing a KV head
-    are one matmul's rows (keys and values read once per KV head); fp32 scores, as eager HF."""
-    b, h, _, d = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.view(b, kv_heads, h // kv_heads, d)  # [B, K, G, D]: query head i uses KV head i // G
-    compiling = torch.compiler.is_compiling()
-    if compiling:
-        # As reductions Inductor fuses with the mask and softmax (no bmm calls, fp32 sums).
-        scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
-    else:
-        scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
-    scores = scores * (d**-0.5 if scale is None else scale)  # [B, K, G, S]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    if compiling:
-        out = (probs[..., None] * values[:, :, None, :, :].float()).sum(-2).to(values.dtype)
-    else:
-        out = torch.matmul(probs.to(values.dtype), values)
-    return out.view(b, h, 1, d)
 
 
 class RMSNorm(nn.Module):
@@ -198,7 +141,10 @@ class Attention(nn.Module):
         kv_len = visible.shape[-1]
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
-        return self._out(decode_attention(q, keys, values, visible, self.args.attn_scale))
+        scale = self.args.head_dim**-0.5 if self.args.attn_scale is None else self.args.attn_scale
+        if keys.device.type == "cpu":
+            return self._out(kernel_attention.decode_attention(q, keys, values, visible, scale))
+        return self._out(decode_attention(q, keys, values, visible, scale))
 
 
 class FeedForward(nn.Module):

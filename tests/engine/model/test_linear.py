@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from handler.engine.linear import Linear
+from handler.engine.model.linear import Linear
 
 
 def _graph_ops(fn, *args) -> str:

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torch._inductor import inductor_prims  # noqa: F401  (registers prims.inductor_force_stride_order)
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from handler.engine import packed
 from handler.engine.kernels import matvec
+from handler.engine.model import packed
 from handler.engine.quant import ops as quant_ops
 from handler.engine.quant.layout import ROWS
 from handler.engine.quant.ops import Stored
@@ -31,7 +31,7 @@ class Linear(nn.Linear):
     would materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
-    (handler.engine.packed: 1.3-6x faster from 2 to 128 rows on CPU).
+    (handler.engine.model.packed: 1.3-6x faster from 2 to 128 rows on CPU).
 
     After quantize() the float weight is gone: `stored` holds the quantized weight (QuantizedWeight or
     KQuantWeight, as StoredWeight buffers), or its parts where a fused projection's parts are stored

@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handler.engine import packed, platform
+from handler.engine import platform
 from handler.engine.compiled import aot
-from handler.engine.model import ModelArgs, Transformer
+from handler.engine.model import packed
+from handler.engine.model.transformer import ModelArgs, Transformer
 
 BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)
 

@@ -1,0 +1,105 @@
+"""ts_llm::decode_attention against attention in float64: grouped heads, contexts inside one block
+and across several, bfloat16 and float32 caches read through the KV cache's strides, masks that
+hide positions (a sliding window, a slot's unwritten tail), and the same bits whatever the batch or
+the threads; and the checks that keep bad tensors out of C."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handler.engine.kernels import build
+from handler.engine.kernels.attention import decode_attention
+
+
+def _reference(q, keys, values, visible, scale):
+    h, kv = q.shape[1], keys.shape[1]
+    k = keys.double().repeat_interleave(h // kv, dim=1)  # [B, H, S, D]
+    v = values.double().repeat_interleave(h // kv, dim=1)
+    scores = (q.double() @ k.transpose(-1, -2)) * scale  # [B, H, 1, S]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _cache(b, kv, s, d, dtype, spare=5):
+    """Keys and values as the engine passes them: a slice of a larger cache [slots, K, max_seq, D]."""
+    k = torch.randn(b + 2, kv, s + spare, d).to(dtype)
+    v = torch.randn(b + 2, kv, s + spare, d).to(dtype)
+    return k[:b, :, :s], v[:b, :, :s]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,h,kv,s,d", [(1, 9, 3, 7, 64), (3, 8, 2, 300, 64), (2, 4, 4, 600, 40), (1, 32, 8, 1030, 128)])
+def test_matches_attention_in_float64(dtype, b, h, kv, s, d):
+    torch.manual_seed(b * s + d)
+    q = torch.randn(b, h, 1, d).to(dtype)
+    keys, values = _cache(b, kv, s, d, dtype)
+    visible = torch.arange(s)[None, :] <= torch.randint(0, s, (b,))[:, None]
+    out = decode_attention(q, keys, values, visible, d**-0.5)
+    assert out.shape == (b, h, 1, d) and out.dtype == dtype
+    ref = _reference(q, keys, values, visible, d**-0.5)
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: the output's own rounding
+    assert (out.double() - ref).abs().max() < tolerance
+
+
+def test_sees_only_the_visible_positions():
+    torch.manual_seed(1)
+    q = torch.randn(1, 4, 1, 32)
+    keys, values = _cache(1, 2, 700, 32, torch.float32)
+    window = (torch.arange(700) > 400) & (torch.arange(700) <= 650)  # a sliding window: blocks 0 and 1 all hidden
+    out = decode_attention(q, keys, values, window[None], 0.3)
+    assert (out.double() - _reference(q, keys, values, window[None], 0.3)).abs().max() < 1e-5
+    changed = keys.clone()
+    changed[:, :, :400] = 100.0  # what it must not see
+    assert torch.equal(out, decode_attention(q, changed, values, window[None], 0.3))
+
+
+def test_a_row_that_sees_nothing_gets_zeros():
+    q = torch.randn(1, 2, 1, 16)
+    keys, values = _cache(1, 1, 20, 16, torch.float32)
+    assert torch.equal(decode_attention(q, keys, values, torch.zeros(1, 20, dtype=torch.bool), 1.0), torch.zeros(1, 2, 1, 16))
+
+
+def test_a_rows_bits_do_not_depend_on_the_batch():
+    torch.manual_seed(2)
+    q = torch.randn(5, 8, 1, 64).bfloat16()
+    keys, values = _cache(5, 2, 900, 64, torch.bfloat16)
+    visible = torch.arange(900)[None, :] <= torch.tensor([899, 10, 500, 256, 700])[:, None]
+    together = decode_attention(q, keys, values, visible, 0.125)
+    for row in range(5):
+        alone = decode_attention(q[row:row + 1], keys[row:row + 1], values[row:row + 1], visible[row:row + 1], 0.125)
+        assert torch.equal(alone, together[row:row + 1])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_the_same_bits_on_any_threads(threads):
+    torch.manual_seed(3)
+    q = torch.randn(2, 8, 1, 64)
+    keys, values = _cache(2, 2, 2000, 64, torch.bfloat16)
+    visible = torch.ones(2, 2000, dtype=torch.bool)
+    kernels = build.load()
+    try:
+        kernels.ts_llm_set_threads(1)
+        one = decode_attention(q, keys, values, visible, 0.125)
+        kernels.ts_llm_set_threads(threads)
+        assert torch.equal(decode_attention(q, keys, values, visible, 0.125), one)
+    finally:
+        kernels.ts_llm_set_threads(-1)
+
+
+def test_refuses_keys_of_another_head_dimension():
+    q, visible = torch.randn(1, 4, 64), torch.ones(1, 10, dtype=torch.bool)
+    keys = torch.randn(1, 2, 10, 32)
+    with pytest.raises(RuntimeError, match=r"decode_attention: k \[1, 2, 10, 32\] and v"):
+        torch.ops.ts_llm.decode_attention(q, keys, keys, visible, 1.0)
+
+
+def test_refuses_a_mask_of_another_length():
+    q, keys = torch.randn(1, 4, 64), torch.randn(1, 2, 10, 64)
+    with pytest.raises(RuntimeError, match=r"visible must be bool \[B, S\] = \[1, 10\], got \[1, 9\]"):
+        torch.ops.ts_llm.decode_attention(q, keys, keys, torch.ones(1, 9, dtype=torch.bool), 1.0)
+
+
+def test_refuses_more_query_heads_per_kv_head_than_it_holds():
+    q, keys = torch.randn(1, 64, 16), torch.randn(1, 1, 10, 16)
+    with pytest.raises(RuntimeError, match="query heads per KV head"):
+        torch.ops.ts_llm.decode_attention(q, keys, keys, torch.ones(1, 10, dtype=torch.bool), 1.0)
