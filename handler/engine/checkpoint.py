@@ -11,7 +11,7 @@ transformers does: a windowed layer's position sees the last `sliding_window` po
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from handler.engine.quant.gguf import GGUFWeights, to_float
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 REQUIRED_FILES = ("config.json", "tokenizer.json")
+ROPE_FACTORS = "rope_freqs.weight"  # a GGUF's llama3 scaling, per frequency
 
 
 class CheckpointError(EngineError, ValueError):
@@ -65,7 +66,23 @@ def open_checkpoint(path: Path) -> Checkpoint:
         hint = f" (found {', '.join(found)}: pickle weights are not loaded; convert them to safetensors)" if found else ""
         raise CheckpointError(f"checkpoint {path} has no *.safetensors or *.gguf weights{hint}")
     config = json.loads((path / "config.json").read_text())
-    return Checkpoint(path, model_args_from_config(config), config, weight_files, gguf)
+    args = model_args_from_config(config)
+    if gguf is not None and not weight_files:
+        args = with_rope_factors(args, GGUFWeights(gguf))
+    return Checkpoint(path, args, config, weight_files, gguf)
+
+
+def with_rope_factors(args: ModelArgs, gguf: GGUFWeights) -> ModelArgs:
+    """`args` with the file's rope_freqs (Llama 3.x GGUFs: llama3 scaling as each frequency's divisor)
+    where the config names no scaling: transformers' GGUF conversion drops it, and without it every
+    position would be rotated as an unscaled model's."""
+    if args.rope_llama3_scaling is not None or not gguf.has(ROPE_FACTORS):
+        return args
+    factors = gguf.floats(ROPE_FACTORS).flatten().tolist()
+    if len(factors) != args.head_dim // 2:
+        raise CheckpointError(f"{gguf.path.name}: {ROPE_FACTORS} holds {len(factors)} factors, "
+                              f"but a head of {args.head_dim} has {args.head_dim // 2} frequencies")
+    return replace(args, rope_freq_factors=tuple(factors))
 
 
 def model_args_from_config(config: dict) -> ModelArgs:

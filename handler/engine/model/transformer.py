@@ -37,6 +37,9 @@ class ModelArgs:
     tie_embeddings: bool = False
     # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
     rope_llama3_scaling: tuple[float, float, float, int] | None = None
+    # Each frequency's divisor, as a GGUF's rope_freqs tensor stores llama3 scaling (llama.cpp's
+    # freq_factors): what a GGUF served alone gives, whose converted config has no rope_scaling
+    rope_freq_factors: tuple[float, ...] | None = None
     # window_layers (Mistral: all; Gemma 3: its local ones) see the last sliding_window positions only
     sliding_window: int | None = None
     window_layers: tuple[int, ...] = ()
@@ -60,6 +63,8 @@ def rope_frequencies(args: ModelArgs, max_seq: int, local: bool = False) -> tupl
     inv_freq = 1.0 / (theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
     if args.rope_llama3_scaling is not None and not local:
         inv_freq = _llama3_scale(inv_freq, *args.rope_llama3_scaling)
+    elif args.rope_freq_factors is not None and not local:
+        inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float64)
     angles = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().float(), angles.sin().float()
