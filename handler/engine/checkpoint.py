@@ -19,7 +19,8 @@ from safetensors import safe_open
 
 from handler.engine import EngineError
 from handler.engine.config import find_gguf
-from handler.engine.model.transformer import ModelArgs, Transformer, projections as model_projections
+from handler.engine.model.args import ModelArgs
+from handler.engine.model.transformer import Transformer, projections as model_projections
 from handler.engine.quant.gguf import GGUFWeights, to_float
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")

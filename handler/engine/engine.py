@@ -23,9 +23,10 @@ from torch import Tensor
 
 from handler.engine import EngineError
 from handler.engine.grammar import GrammarError, Grammars, Matcher
+from handler.engine.next_token import constrain, record
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
-from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next, token_logprob
-from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, cut_at_stop, restore, take_text
+from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
+from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, restore
 from handler.engine.tokenizer import Tokenizer
 
 # Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix
@@ -313,35 +314,10 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
         # logits: [len(seqs), V], this step's own (the graph's output, or its rows indexed out of it)
-        for row, s in enumerate(seqs):
-            if s.controls is not None:
-                s.controls.apply(logits[row])
-            if s.matcher is not None:
-                s.matcher.mask_logits(logits[row])
-            if s.params.ignore_eos:  # never sampled, as llama.cpp does: no empty end-of-turn tokens mid-text
-                logits[row, self._eos_ids] = float("-inf")
+        constrain(seqs, logits, self._eos_ids)
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return [self._append(s, t, logits, row) for row, (s, t) in enumerate(zip(seqs, next_ids))]
-
-    def _append(self, seq: Sequence, token: int, logits: Tensor, row: int) -> StepOutput:
-        new_ids: tuple[int, ...] = ()
-        if seq.controls is not None:
-            seq.controls.accept(token)
-        if (token in self.tokenizer.eos_ids and not seq.params.ignore_eos) or token in seq.params.stop_token_ids:
-            seq.finish_reason = "stop"
-        else:
-            seq.output_ids.append(token)
-            new_ids = (token,)
-            if seq.matcher is not None:
-                seq.matcher.accept(token)
-            seq.text = self.tokenizer.decode(seq.output_ids)
-            if cut_at_stop(seq) or (seq.matcher is not None and seq.matcher.complete):
-                seq.finish_reason = "stop"
-            elif len(seq.output_ids) >= seq.params.max_new_tokens or seq.next_pos + 1 >= self.max_seq_len:
-                seq.finish_reason = "length"
-        delta = take_text(seq)
-        if seq.finish_reason is not None:
-            self._slots[seq.slot] = None
-        logprobs = (token_logprob(logits[row], token, seq.params),) if new_ids and seq.params.logprobs is not None else ()
-        return StepOutput(seq.request_id, seq.index, delta, new_ids, seq.finish_reason, len(seq.prompt_ids),
-                          len(seq.output_ids), logprobs, seq.cached_tokens)
+        outputs = [record(s, t, logits[row], self.tokenizer, self.max_seq_len) for row, (s, t) in enumerate(zip(seqs, next_ids))]
+        for s in seqs:
+            if s.finish_reason is not None:
+                self._slots[s.slot] = None
+        return outputs

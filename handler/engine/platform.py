@@ -6,13 +6,10 @@ AVX-512-BF16, Sapphire Rapids with AMX, Graviton). Libraries decide some of this
 not always safely: oneDNN's bf16 reorder reads CPUID and raises on AVX2, Inductor builds kernels
 with `-march=native`. So the project decides here, once per process, and every path asks:
 
-- a **profile** is a named level of the instruction set (`avx2`, `avx2_vnni`, `avx512`,
-  `avx512_bf16`, `avx512_amx`, `aarch64`, `aarch64_sve_bf16`, `x86_64`): the ATen kernels, the oneDNN ISA cap and the
-  `-march` Inductor compiles with. Compiled code built under one profile runs on every CPU that
-  has that profile's features, and its cache key names the profile (artifacts.artifact_config).
+- a **profile** (cpu_profiles.py) is a named level of the instruction set.
 - the best profile this CPU has is taken, unless `TS_LLM_CPU_PROFILE` names a lower one (a
   developer on an AVX-512 machine runs the AVX2 path: `TS_LLM_CPU_PROFILE=avx2`). The variables
-  ATen and oneDNN read are set for child processes by `environment()`; in this process they must
+  ATen and oneDNN read are set for child processes by `Profile.environment()`; in this process they must
   have been set before torch started, which `check_torch` verifies.
 - `resolve` turns `dtype: auto` and `packed_weights: auto` into what measured fastest on the
   profile (docs/benchmarks.md, "Per CPU profile"), and refuses an explicit choice the CPU cannot run.
@@ -32,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from handler.engine import EngineError
+from handler.engine.cpu_profiles import BY_NAME, PROFILE_ENV, PROFILES, TILE_FLAGS, Profile
 from handler.engine.kernels import threads
 
 if TYPE_CHECKING:
@@ -40,56 +38,10 @@ if TYPE_CHECKING:
 Dtype = Literal["bfloat16", "float32"]
 Packing = Literal["bfloat16", "float32", "off"]
 
-PROFILE_ENV = "TS_LLM_CPU_PROFILE"  # force a profile (one this CPU has); unset: the best one
 
 
 class PlatformError(EngineError, RuntimeError):
     """The requested profile or path cannot run on this CPU; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    arch: str  # platform.machine() it belongs to: "x86_64" | "aarch64"
-    requires: frozenset[str]  # CPU feature flags (as /proc/cpuinfo spells them) its code may use
-    aten_capability: str  # ATEN_CPU_CAPABILITY: the ATen kernels (and Inductor's vector ISA)
-    onednn_max_isa: str | None  # ONEDNN_MAX_CPU_ISA; None: oneDNN's default
-    march: str  # -march for Inductor's C++ kernels: no instruction beyond `requires`
-    onednn_bf16: bool  # oneDNN has bf16 GEMM kernels here (its bf16 weight reorder accepts bf16)
-    # MKL_ENABLE_INSTRUCTIONS (ATen's float32 GEMM on x86 wheels): the highest MKL code path that
-    # stays within `requires`; None: MKL's own choice (the top profile, or no MKL)
-    mkl_max_isa: str | None = None
-    # (CPU flag, GCC target): instructions our own kernels (handler/engine/kernels) add beyond
-    # -march where this CPU has them; a forced lower profile lists none, so it runs that ISA alone
-    kernel_extras: tuple[tuple[str, str], ...] = ()
-
-
-# The features each -march level assumes (as /proc/cpuinfo names them; "abm" is LZCNT).
-_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
-_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
-# int8 dot products in one instruction (vpdpbusd): Cascade Lake, Ice Lake, Zen 4, Sapphire Rapids
-_VNNI = (("avx512_vnni", "avx512vnni"),)
-# the same in VEX encoding, 256-bit only: AVX2 CPUs without AVX-512 (Alder Lake, Sierra Forest)
-_AVX_VNNI = (("avx_vnni", "avxvnni"),)
-# int8 tile products (kernels/amx.c): Sapphire Rapids and later
-_AMX_INT8 = (("amx_tile", "amx-tile"), ("amx_int8", "amx-int8"))
-_TILE_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
-# Best first: a CPU gets the first profile whose features it has.
-PROFILES: tuple[Profile, ...] = (
-    Profile("avx512_amx", "x86_64", _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}, "avx512", "AVX512_CORE_AMX",
-            "x86-64-v4", True, kernel_extras=_VNNI + _AMX_INT8),
-    Profile("avx512_bf16", "x86_64", _V4 | {"avx512_bf16"}, "avx512", "AVX512_CORE_BF16", "x86-64-v4", True, "AVX512",
-            _VNNI),
-    Profile("avx512", "x86_64", _V4, "avx512", "AVX512_CORE", "x86-64-v4", True, "AVX512", _VNNI),
-    # avx2 with our kernels' int8 dot products in one instruction; ATen, oneDNN and MKL as avx2
-    Profile("avx2_vnni", "x86_64", _V3 | {"avx_vnni"}, "avx2", "AVX2", "x86-64-v3", False, "AVX2", _AVX_VNNI),
-    Profile("avx2", "x86_64", _V3, "avx2", "AVX2", "x86-64-v3", False, "AVX2"),
-    Profile("x86_64", "x86_64", frozenset(), "default", "SSE41", "x86-64", False, "SSE4_2"),
-    Profile("aarch64_sve_bf16", "aarch64", frozenset({"asimd", "sve", "bf16"}), "sve256", None,
-            "armv8.6-a+sve+bf16", False),  # the -march Inductor itself uses for SVE+BF16 with gcc < 13
-    Profile("aarch64", "aarch64", frozenset(), "default", None, "armv8-a", False),  # NEON is part of armv8-a
-)
-BY_NAME = {p.name: p for p in PROFILES}
 
 
 @dataclass(frozen=True)
@@ -129,8 +81,8 @@ def detect(environ: Mapping[str, str] | None = None, cpuinfo: str | None = None,
     environ = os.environ if environ is None else environ
     machine = _normalized_machine(machine or _platform.machine())
     features = cpu_features(_read_cpuinfo() if cpuinfo is None else cpuinfo)
-    if cpuinfo is None and features & _TILE_FLAGS and not _tiles_granted():
-        features -= _TILE_FLAGS  # the CPU has tiles but this process may not use them
+    if cpuinfo is None and features & TILE_FLAGS and not _tiles_granted():
+        features -= TILE_FLAGS  # the CPU has tiles but this process may not use them
     usable = usable_profiles(machine, features)
     if not usable:
         raise PlatformError(f"no CPU profile for {machine!r}: this package runs on x86_64 and aarch64")
@@ -174,26 +126,13 @@ def _read_cpuinfo() -> str:
         return ""
 
 
-def environment(profile: Profile) -> dict[str, str]:
-    """Variables that make a child process (a TorchServe worker, a test run) use `profile`:
-    ATen reads ATEN_CPU_CAPABILITY, oneDNN ONEDNN_MAX_CPU_ISA and MKL MKL_ENABLE_INSTRUCTIONS
-    once, when torch starts."""
-    env = {PROFILE_ENV: profile.name, "ATEN_CPU_CAPABILITY": profile.aten_capability,
-           "TORCHINDUCTOR_CPP_MARCH": profile.march}
-    if profile.onednn_max_isa is not None:
-        env["ONEDNN_MAX_CPU_ISA"] = profile.onednn_max_isa
-    if profile.mkl_max_isa is not None:
-        env["MKL_ENABLE_INSTRUCTIONS"] = profile.mkl_max_isa
-    return env
-
-
 def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """`environ` (default: this process's) plus, when TS_LLM_CPU_PROFILE forces a profile, what
     makes a child process honour it, and the threads' bounded wait (kernels/threads.py): pass it
     to anything that starts TorchServe workers."""
     env = dict(os.environ if environ is None else environ)
     if env.get(PROFILE_ENV, "").strip():
-        env.update(environment(detect(env).profile))
+        env.update(detect(env).profile.environment())
     return {**env, **threads.environment(env)}
 
 
@@ -240,7 +179,7 @@ def check_torch(plat: Platform) -> None:
     expected = plat.profile.aten_capability
     if running != expected and not (expected == "default" and running in ("default", "no avx")):
         raise PlatformError(f"{plat.describe()} needs ATen's {expected} kernels but torch started with {running}: "
-                            f"set {PROFILE_ENV}={plat.profile.name} (and what handler.engine.platform.environment() "
+                            f"set {PROFILE_ENV}={plat.profile.name} (and what Profile.environment() "
                             "returns) in the environment before the process starts; the launcher and serve.sh do")
 
 
@@ -335,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         print(plat.profile.name)
         return 0
     if args.exports:
-        print("\n".join(f"export {k}={v}" for k, v in environment(plat.profile).items()))
+        print("\n".join(f"export {k}={v}" for k, v in plat.profile.environment().items()))
         return 0
     chosen = choose_path(plat, "cpu", "auto", "auto")
     usable = ", ".join(q.name for q in plat.usable)

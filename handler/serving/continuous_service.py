@@ -5,7 +5,8 @@ handler.serving.service."""
 from __future__ import annotations
 
 from handler.engine.sequence import StepOutput
-from handler.serving.service import BaseService, Incoming, Reply, SendPartial
+from handler.serving.live import Incoming, Reply, SendPartial
+from handler.serving.service import BaseService
 from handler.serving.step_thread import StepThread
 
 # Calls in a row that admit and finish no request before steps run ahead again. A step run ahead

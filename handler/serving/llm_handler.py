@@ -19,10 +19,11 @@ from handler.engine.factory import build_engine
 from handler.resume.records import ExpiryPolicy, ResumeRecords, open_records
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
+from handler.serving.dynamic_service import DynamicService
+from handler.serving.live import Incoming, Reply
 from handler.serving.loop_service import Delivery, LoopService
 from handler.serving.metrics import EngineModeGauge, TorchServeSink
-from handler.serving.protocol import MAX_N, Limits
-from handler.serving.service import DynamicService, Incoming, Reply
+from handler.serving.request_fields import MAX_N, Limits
 from handler.serving.tools import tool_format
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,9 @@ from typing import Any
 
 from handler.serving import openmp
 from handler.serving.formats import error_body
+from handler.serving.live import Incoming, Reply
 from handler.serving.protocol import models_route
-from handler.serving.service import BaseService, Incoming, Reply
+from handler.serving.service import BaseService
 
 log = logging.getLogger(__name__)
 

@@ -12,34 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from handler.engine.grammar import ANY_OBJECT, schema_text
-from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from handler.engine.sampling import SamplingParams
+from handler.serving.request_fields import Limits, RequestError, get_field
+from handler.serving.sampling_fields import sampling_params
 from handler.serving.tools import ToolsError, ToolSpec, generic_messages, parse_tools, template_message
 
 API_BY_PATH = {"": "native", "v1/completions": "completions", "v1/chat/completions": "chat"}
 MODEL_LIST_PATH = "v1/models"
-MAX_STOP_STRINGS = 4
-MAX_N = 8  # OpenAI's n: completions of one prompt, each in a KV-cache slot of its own
-MAX_TEMPERATURE = 100.0
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
-
-
-class RequestError(ValueError):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message, self.status = message, status
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_seq_len: int
-    max_new_tokens_cap: int
-    default_max_new_tokens: int
-    served_model_name: str
-    max_n: int = MAX_N  # at most the engine's slots
-    vocab_size: int | None = None  # the tokenizer's: token ids in logit_bias / stop_token_ids must be below it
-    tool_format: str = "generic"  # how the model's chat template writes tool calls (tools.tool_format)
 
 
 @dataclass(frozen=True)
@@ -71,9 +52,6 @@ FIELDS = {
                          "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "top_logprobs",
                          "response_format", "tools", "tool_choice", "parallel_tool_calls"},
 }
-MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty and presence_penalty: -2..2
-MAX_LOGIT_BIAS = 100.0  # OpenAI's: -100..100
-FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
 def models_route(url_path: str) -> str | None:
@@ -136,7 +114,7 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         prompt_ids = _prompt_ids(api, data, encode, encode_chat, tools, limits.tool_format)
     except ToolsError as err:  # malformed `tools`, or a malformed tool message
         raise RequestError(str(err)) from err
-    params = _sampling(api, data, limits)
+    params = sampling_params(api, data, limits)
     if tools is not None and tools.constrained:
         if params.json_schema is not None:
             raise RequestError("send `response_format` or `tools` (with `tool_choice` other than \"none\"), not both")
@@ -145,26 +123,26 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         raise RequestError(
             f"prompt is {len(prompt_ids)} tokens and max_new_tokens is {params.max_new_tokens}: together they exceed "
             f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
-    stream = _get(data, "stream", bool, False)
-    options = _get(data, "stream_options", dict, {}) or {}
+    stream = get_field(data, "stream", bool, False)
+    options = get_field(data, "stream_options", dict, {}) or {}
     return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)), n, tools)
 
 
 def _check_openai_extras(data: dict, limits: Limits) -> None:
-    model = _get(data, "model", str, None)
+    model = get_field(data, "model", str, None)
     if model is not None:
         check_model(model, limits.served_model_name)
     if "best_of" in data:
         raise RequestError("`best_of` is not supported (it would rank completions server-side); ask for `n` completions "
                            "with `logprobs` and rank them yourself")
-    if _get(data, "echo", bool, False):
+    if get_field(data, "echo", bool, False):
         raise RequestError("`echo` is not supported; the prompt is yours already: prepend it to the completion")
-    if _get(data, "suffix", str, None):
+    if get_field(data, "suffix", str, None):
         raise RequestError("`suffix` (fill-in-the-middle) is not supported; send the text before the gap as `prompt`")
 
 
 def _n(data: dict, limits: Limits) -> int:
-    n = _get(data, "n", int, 1)
+    n = get_field(data, "n", int, 1)
     if not 1 <= n <= limits.max_n:
         raise RequestError(f"`n` must be between 1 and {limits.max_n}, got {n}")
     return n
@@ -220,130 +198,3 @@ def _message_text(content: Any, i: int) -> str:
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
-
-
-def _sampling(api: str, data: dict, limits: Limits) -> SamplingParams:
-    if api == "native":
-        max_new = _get(data, "max_new_tokens", int, limits.default_max_new_tokens)
-        temperature = _get(data, "temperature", float, 0.0)
-    else:
-        # OpenAI defaults: max_tokens 16 for completions, temperature 1.0.
-        default = 16 if api == "completions" else limits.default_max_new_tokens
-        max_new = _get(data, "max_completion_tokens", int, None) or _get(data, "max_tokens", int, default)
-        temperature = _get(data, "temperature", float, 1.0)
-    field = "max_new_tokens" if api == "native" else "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
-    if not 1 <= max_new <= limits.max_new_tokens_cap:
-        raise RequestError(f"{field} must be between 1 and {limits.max_new_tokens_cap}, got {max_new}")
-    if temperature < 0.0:
-        raise RequestError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if temperature > MAX_TEMPERATURE:
-        raise RequestError(f"temperature must be at most {MAX_TEMPERATURE:g}, got {temperature}")
-    top_p = _get(data, "top_p", float, 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
-    top_k = _get(data, "top_k", int, 0)
-    if top_k < 0:
-        raise RequestError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
-    seed = _get(data, "seed", int, None)
-    ignore_eos = _get(data, "ignore_eos", bool, False)  # benchmarks: always produce max_new_tokens
-    return SamplingParams(max_new, temperature, top_k, top_p, seed, _stop(data.get("stop")), ignore_eos,
-                          _logprobs(api, data), _json_schema(data), **_logit_controls(data, max_new, limits))
-
-
-def _logit_controls(data: dict, max_new: int, limits: Limits) -> dict:
-    controls: dict[str, Any] = {}
-    for name in ("frequency_penalty", "presence_penalty"):
-        controls[name] = value = _get(data, name, float, 0.0)
-        if not -MAX_PENALTY <= value <= MAX_PENALTY:
-            raise RequestError(f"`{name}` must be between -{MAX_PENALTY:g} and {MAX_PENALTY:g}, got {value:g}")
-    controls["repetition_penalty"] = value = _get(data, "repetition_penalty", float, 1.0)
-    if value <= 0.0:
-        raise RequestError(f"`repetition_penalty` must be > 0 (1 turns it off), got {value:g}")
-    controls["min_tokens"] = value = _get(data, "min_tokens", int, 0)
-    if not 0 <= value <= max_new:
-        raise RequestError(f"`min_tokens` must be between 0 and the request's max tokens ({max_new}), got {value}")
-    controls["logit_bias"] = _logit_bias(_get(data, "logit_bias", dict, {}), limits)
-    ids = _get(data, "stop_token_ids", list, [])
-    controls["stop_token_ids"] = tuple(_token_id(i, "stop_token_ids", limits) for i in ids)
-    return controls
-
-
-def _logit_bias(bias: dict, limits: Limits) -> tuple[tuple[int, float], ...]:
-    """OpenAI's logit_bias: {"token id": bias}, the id a string (JSON keys are)."""
-    out = []
-    for key, value in bias.items():
-        token = _token_id(int(key) if key.strip().isdigit() else key, "logit_bias", limits)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
-            raise RequestError(f"`logit_bias` values must be numbers between -{MAX_LOGIT_BIAS:g} and "
-                               f"{MAX_LOGIT_BIAS:g}, got {json.dumps(value)} for token {key}")
-        out.append((token, float(value)))
-    return tuple(sorted(out))
-
-
-def _token_id(value: Any, name: str, limits: Limits) -> int:
-    top = limits.vocab_size
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value >= top):
-        below = f" below {top}" if top is not None else ""
-        raise RequestError(f"`{name}` takes token ids (integers >= 0{below}), got {json.dumps(value)}")
-    return value
-
-
-def _logprobs(api: str, data: dict) -> int | None:
-    """How many alternatives each token's log-probability comes with; None when none are asked."""
-    if api == "completions":  # logprobs: k
-        k, name = _get(data, "logprobs", int, None), "logprobs"
-    elif api == "chat":  # logprobs: true, top_logprobs: k
-        k, name = _get(data, "top_logprobs", int, None), "top_logprobs"
-        if not _get(data, "logprobs", bool, False):
-            if k is not None:
-                raise RequestError("`top_logprobs` needs `logprobs: true`")
-            return None
-        k = k or 0
-    else:
-        return None
-    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise RequestError(f"`{name}` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}")
-    return k
-
-
-def _json_schema(data: dict) -> str | None:
-    """OpenAI's response_format as the JSON schema the output must follow (schema_text); None
-    for free text. Whether the engine can compile the schema is checked by the service."""
-    fmt = _get(data, "response_format", dict, None)
-    if fmt is None or fmt.get("type") == "text":
-        return None
-    kind = fmt.get("type")
-    if kind == "json_object":
-        return ANY_OBJECT
-    if kind != "json_schema":
-        raise RequestError(f"`response_format.type` must be one of {', '.join(FORMAT_TYPES)}, got {json.dumps(kind)}")
-    spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-        raise RequestError("`response_format` of type json_schema needs `json_schema: {\"name\": ..., \"schema\": {...}}` "
-                           "with the schema as an object")
-    return schema_text(spec["schema"])
-
-
-def _stop(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError("`stop` must be a non-empty string or a list of non-empty strings")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise RequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
-    return tuple(stops)
-
-
-def _get(data: dict, key: str, kind: type, default):
-    if key not in data or data[key] is None:
-        return default
-    value = data[key]
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
-                 list: "a list"}
-        raise RequestError(f"`{key}` must be {names[kind]}, got {json.dumps(value)}")
-    return float(value) if kind is float else value

@@ -19,12 +19,11 @@ from handler.resume.records import ResumeError, ResumeRecords
 from handler.serving.protocol import (
     FIELDS,
     GenerationRequest,
-    Limits,
-    RequestError,
     api_for_path,
     check_model,
     decode_body,
 )
+from handler.serving.request_fields import Limits, RequestError
 
 log = logging.getLogger(__name__)
 RESUME_FIELD = "resume"  # the native body's: the id of the last event received

@@ -1,6 +1,5 @@
 """Request lifecycle over the engine, with no TorchServe in it: what every batching mode shares
-(BaseService) and `DynamicService`, which serves a batch to completion (batchSize/maxBatchDelay
-mode), streaming through an injected callback. continuousBatching is
+(BaseService). batchSize/maxBatchDelay mode is dynamic_service.DynamicService, continuousBatching
 continuous_service.ContinuousService, asyncCommunication loop_service.LoopService.
 
 Transport rules come from TorchServe 0.12.0's frontend:
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
@@ -26,76 +24,15 @@ from handler.engine.sequence import Continuation, StepOutput
 from handler.resume.ids import ResumePoint, event_id, new_key
 from handler.resume.records import ResumeRecords
 from handler.serving import resumption
-from handler.serving.formats import Choice, Formatter, Usage, error_body, model_body, model_list_body
+from handler.serving.formats import Choice, Formatter, error_body, model_body, model_list_body
+from handler.serving.live import Incoming, Live, Reply, Sample
 from handler.serving.metrics import MetricSink
-from handler.serving.protocol import GenerationRequest, Limits, RequestError, check_model, models_route, parse_request
-from handler.serving.tool_calls import ToolCall, ToolStream
+from handler.serving.protocol import GenerationRequest, check_model, models_route, parse_request
+from handler.serving.request_fields import Limits, RequestError
+from handler.serving.tool_calls import ToolStream
 
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
                "finished; retry on another replica")
-
-
-@dataclass(frozen=True)
-class Incoming:
-    request_id: str
-    body: object | None  # None: a continuing request whose body TorchServe keeps in the backend
-    http: bool
-    url_path: str = ""
-    last_event_id: str | None = None  # the header a reconnecting SSE client sends: resume after that event
-
-
-@dataclass(frozen=True)
-class Reply:
-    body: str
-    status: int = 200
-    content_type: str = "application/json"
-    more: bool | None = None
-
-
-@dataclass
-class Sample:
-    """One of a request's completions (OpenAI's `n`; one unless it asked for more)."""
-    text: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # every generated token's, when asked
-    logprobs_sent: int = 0  # how many of them streamed pieces carried
-    tools: ToolStream | None = None  # splits content from tool calls, when the request has tools
-    tool_calls: list[ToolCall] = field(default_factory=list)  # once finished
-    chars: int = 0  # of its text in pieces built so far (a resumed one's: from the client's resume point)
-
-
-@dataclass
-class Live:
-    req: GenerationRequest
-    fmt: Formatter
-    http: bool
-    arrived: float
-    samples: list[Sample]
-    started: bool = False  # in the engine; a request waits here while fewer slots are free than it has samples
-    first_token_at: float | None = None
-    cached_tokens: int = 0  # of its prompt's, from the prefix cache (known at its first token)
-    pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
-    opened: bool = False  # a chunked HTTP response has started
-    finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
-    key: str | None = None  # a resumable stream's (handler.resume.ids): its events carry ids
-    resume: Continuation | None = None  # a resumed stream's starting point, for the engine
-    resume_id: str | None = None  # once cut: where its record says to resume (the last event's id)
-
-    @property
-    def cut(self) -> bool:
-        """Ended by the replica's shutdown before it finished (BaseService.cut_running)."""
-        return self.finish_reason == "cut"
-
-    @property
-    def usage(self) -> Usage:
-        """The client's counts: a resumed stream's engine prompt also holds the tokens sent before
-        the cut, so its cached tokens are counted only up to the client's prompt."""
-        prompt = len(self.req.prompt_ids)
-        return Usage(prompt, sum(s.completion_tokens for s in self.samples), min(self.cached_tokens, prompt))
-
-
-SendPartial = Callable[[dict[int, Reply]], None]  # streamed pieces now, by batch index
 
 
 class BaseService:
@@ -318,32 +255,3 @@ class BaseService:
         asked = live.req.params.logprobs is not None
         choices = [Choice("".join(s.text), s.finish_reason, s.logprobs if asked else None, s.tool_calls) for s in live.samples]
         return live.fmt.whole(choices, live.usage)
-
-
-class DynamicService(BaseService):
-    """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
-
-    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply]:
-        refused = {}
-        waiting = list(range(len(batch)))
-        while waiting or self.engine.running:
-            while waiting and self.engine.free_slots:
-                i = waiting.pop(0)
-                if reply := self._admit(batch[i]):
-                    refused[i] = reply
-            if self.cutting():
-                self.cut_running()  # what still waits is refused by _admit (503) next round
-                continue
-            self._step()
-            partial = {}
-            for i, inc in enumerate(batch):
-                live = self.live.get(inc.request_id)
-                if live and live.req.stream and live.finish_reason is None and live.pending:
-                    partial[i] = Reply("".join(live.pending), content_type=live.fmt.content_type(True), more=True)
-                    live.pending, live.opened = [], True
-            if partial:
-                send_partial(partial)
-        return [refused.get(i) or self._final(inc.request_id) for i, inc in enumerate(batch)]
-
-    def _final(self, request_id: str) -> Reply:
-        return self.last_reply(self.live.pop(request_id))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench import peer_llamacpp as llamacpp
-from handler.engine import platform
+from handler.engine import cpu_profiles, platform
 
 AMX_FEATURES = frozenset({"avx2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16",
                           "amx_tile", "amx_bf16", "amx_int8"})
 
 
 def _on(monkeypatch, profile: str, forced: bool = False) -> None:
-    plat = platform.Platform("x86_64", AMX_FEATURES, platform.BY_NAME[profile], forced)
+    plat = platform.Platform("x86_64", AMX_FEATURES, cpu_profiles.BY_NAME[profile], forced)
     monkeypatch.setattr(platform, "detect", lambda: plat)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from handler.engine.checkpoint import CheckpointError, model_args_from_config, open_checkpoint
-from handler.engine.model.transformer import _llama3_scale, rope_frequencies
+from handler.engine.model.rope import _llama3_scale, rope_frequencies
 
 BASE = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
 

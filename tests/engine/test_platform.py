@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from handler.engine import platform
+from handler.engine import cpu_profiles, platform
 from handler.engine.platform import PROFILE_ENV, PlatformError, choose_path, cpu_features, detect
 
 ZEN3 = "flags\t\t: fpu sse4_1 sse4_2 avx avx2 fma f16c bmi1 abm movbe xsave bmi2\n"
@@ -72,7 +72,7 @@ def test_without_a_forced_profile_children_get_only_the_threads_bounded_wait():
 
 
 def test_every_profile_names_a_march_no_wider_than_its_features():
-    marches = {p.name: p.march for p in platform.PROFILES}
+    marches = {p.name: p.march for p in cpu_profiles.PROFILES}
     assert marches["avx2"] == "x86-64-v3" and marches["avx512"] == "x86-64-v4" and marches["x86_64"] == "x86-64"
     assert all("native" not in m for m in marches.values())
 
@@ -128,7 +128,7 @@ def test_cuda_has_no_packing_and_auto_dtype_follows_bf16_support():
 
 def test_the_path_label_names_profile_dtype_and_packing():
     chosen = choose_path(detect({}, ZEN3, "x86_64"), "cpu", "auto", "auto")
-    assert chosen.label(platform.BY_NAME["avx2"]) == "avx2/bfloat16/packed-float32"
+    assert chosen.label(cpu_profiles.BY_NAME["avx2"]) == "avx2/bfloat16/packed-float32"
 
 
 def test_a_profile_torch_did_not_start_with_is_an_error_saying_how_to_start():

@@ -6,9 +6,9 @@ import json
 import threading
 
 from handler.engine.engine import Engine
+from handler.serving.live import Incoming, Reply
 from handler.serving.loop_service import Delivery, LoopService
-from handler.serving.protocol import Limits
-from handler.serving.service import Incoming, Reply
+from handler.serving.request_fields import Limits
 from tests.support.recording_sink import RecordingSink
 from tests.support.tiny_model import CharTokenizer, CountingSteps, counting_engine
 

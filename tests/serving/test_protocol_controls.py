@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from handler.serving.protocol import Limits, RequestError, parse_request
+from handler.serving.protocol import parse_request
+from handler.serving.request_fields import Limits, RequestError
 
 LIMITS = Limits(max_seq_len=64, max_new_tokens_cap=32, default_max_new_tokens=8, served_model_name="llm", vocab_size=100)
 CHAT = "v1/chat/completions"

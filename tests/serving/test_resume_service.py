@@ -15,8 +15,8 @@ from handler.engine.factory import build_engine
 from handler.resume.ids import new_key, parse_event_id
 from handler.resume.records import ExpiryPolicy, ResumeRecords, record_name
 from handler.serving.continuous_service import ContinuousService
-from handler.serving.protocol import Limits
-from handler.serving.service import Incoming
+from handler.serving.live import Incoming
+from handler.serving.request_fields import Limits
 from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
 

@@ -8,8 +8,9 @@ import pytest
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.serving.continuous_service import ContinuousService
-from handler.serving.protocol import Limits
-from handler.serving.service import DynamicService, Incoming, Reply
+from handler.serving.dynamic_service import DynamicService
+from handler.serving.live import Incoming, Reply
+from handler.serving.request_fields import Limits
 from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
 

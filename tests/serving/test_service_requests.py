@@ -12,8 +12,9 @@ import pytest
 
 from handler.serving import step_thread
 from handler.serving.continuous_service import FRESH_START_DELAY, QUIET_CALLS, ContinuousService
-from handler.serving.protocol import Limits
-from handler.serving.service import DynamicService, Incoming, Reply
+from handler.serving.dynamic_service import DynamicService
+from handler.serving.live import Incoming, Reply
+from handler.serving.request_fields import Limits
 from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
 from tests.support.tiny_model import counting_engine

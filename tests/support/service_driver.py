@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from handler.serving.continuous_service import ContinuousService
-from handler.serving.service import Incoming, Reply
+from handler.serving.live import Incoming, Reply
 
 
 def drive(service: ContinuousService, first: list[Incoming], max_calls: int = 50) -> dict[str, list[Reply]]:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handler.engine.engine import Engine
-from handler.engine.model.transformer import ModelArgs, Transformer
+from handler.engine.model.args import ModelArgs
+from handler.engine.model.transformer import Transformer
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 EOS_ID = 0

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from handler.cache.key import KEY_FILE_NAME, CacheKey
-from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile
+from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, saved_graphs
 from handler.engine.config import EngineConfig
 from handler.engine.model.transformer import Transformer
 
@@ -26,11 +26,11 @@ def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, de
         saved = parallel_compile.compile_steps(model, cfg, model_cache, build_dir, fork_threads)
 
         def write(staged: Path) -> None:
-            aot.save_artifacts(saved, staged, build_dir)
+            saved_graphs.save_artifacts(saved, staged, build_dir)
             # Listed in the artifact's manifest: the sidecar's default key file, so after a cold
             # compile it finds the key of what it publishes.
             artifacts.write_key_file(key, staged / KEY_FILE_NAME)
 
         artifacts.install(write, key, dest)
     log.info("compile cache: installed artifact %s in %s", key.digest(), dest)
-    return aot.serving_steps(model, saved)
+    return saved_graphs.serving_steps(model, saved)

@@ -33,7 +33,7 @@ import torch
 
 from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, compile_times, cpp_cache, shapes
+from handler.engine.compiled import aot, compile_times, cpp_cache, saved_graphs, shapes
 from handler.engine.compiled.child_process import exit_now, watch_parent
 from handler.engine.compiled.compile_progress import CompileProgress, SideBySide
 from handler.engine.compiled.prepare import prepare_model
@@ -73,7 +73,7 @@ def usable_cores() -> int:
 
 
 def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path,
-                  fork_threads: int | None = None) -> dict[shapes.StepName, aot.SavedGraphs]:
+                  fork_threads: int | None = None) -> dict[shapes.StepName, saved_graphs.SavedGraphs]:
     """Every step's graphs (aot.compile_steps), saved under `build_dir` (the private build dir,
     cpp_cache.private_build_dirs, this compile's Inductor cache) and loaded back once, with the
     IN_CHILDREN parts compiled in child processes when there are two cores or more (CPU only: on CUDA
@@ -90,7 +90,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
     if usable_cores() < 2 or torch.device(cfg.device).type != "cpu":
         _set_threads(fork_threads)
         steps = aot.compile_steps(model, cfg)
-        return {name: aot.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
+        return {name: saved_graphs.save_and_reload(steps.step(name).graphs, steps.examples[name], name, graphs_dir)
                 for name in aot.STEPS}
     outs = [graphs_dir / f"child-{i}" for i in range(len(IN_CHILDREN))]
     side_by_side = _side_by_side(Path(model_cache_dir), len(model.layers))
@@ -104,7 +104,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
         with _reporting(side_by_side):  # a thread: started after the fork, as a fork copies none
             here, examples = aot.compile_step(model, HERE.step, cfg, progress(HERE), HERE.kinds)
             side_by_side.finished(str(HERE), time.monotonic())
-            decode = aot.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
+            decode = saved_graphs.save_and_reload(here.graphs, examples, HERE.step, graphs_dir / "here")
             prefill, general = (_collect(part, child, out, side_by_side)
                                 for part, child, out in zip(IN_CHILDREN, children, outs, strict=True))
     finally:
@@ -184,7 +184,7 @@ def _as_child(part: Part, parent: int, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _collect(part: Part, child: Child, out: Path, side_by_side: SideBySide) -> aot.SavedGraphs:
+def _collect(part: Part, child: Child, out: Path, side_by_side: SideBySide) -> saved_graphs.SavedGraphs:
     """A child's graphs once it has exited, loaded (their kernels are in this process's build dir)."""
     code: int | None  # a process's exitcode is None only while it runs
     if isinstance(child, subprocess.Popen):
@@ -196,7 +196,7 @@ def _collect(part: Part, child: Child, out: Path, side_by_side: SideBySide) -> a
     if code != 0:
         raise aot.AotError(f"compiling {part} in a process of its own (pid {child.pid}) failed with exit code "
                            f"{code}; its error is in the log above, as 'compile process ({part}):'")
-    return aot.reload(json.loads((out / SHAPES_FILE).read_text()), out)
+    return saved_graphs.reload(json.loads((out / SHAPES_FILE).read_text()), out)
 
 
 def _stop(children: list[Child]) -> None:
@@ -226,7 +226,7 @@ def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_di
 def _compile_part(model: Transformer, cfg: EngineConfig, part: Part, out: Path) -> None:
     """The part's graphs saved in `out` with their example shapes."""
     step, examples = aot.compile_step(model, part.step, cfg, progress(part), part.kinds)
-    (out / SHAPES_FILE).write_text(json.dumps(aot.save_graphs(step.graphs, examples, part.step, out)))
+    (out / SHAPES_FILE).write_text(json.dumps(saved_graphs.save_graphs(step.graphs, examples, part.step, out)))
 
 
 def main(argv: list[str] | None = None) -> int:

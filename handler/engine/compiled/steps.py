@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine.compiled import aot, artifacts
+from handler.engine.compiled import aot, artifacts, saved_graphs
 from handler.engine.compiled.artifact_lookup import (
     ArtifactRequest,
     BackgroundLookup,
@@ -122,7 +122,7 @@ def _compiled_steps(model: Transformer, cfg: EngineConfig, wanted: ArtifactReque
             return _aot_cold(model, cfg, wanted)
         if cfg.warm_start == "blocking":
             start = time.perf_counter()
-            loaded = aot.load_artifacts(model, path)
+            loaded = saved_graphs.load_artifacts(model, path)
             return Steps(loaded.prefill, loaded.decode, "aot-loaded", time.perf_counter() - start, artifact_dir=path)
     # Background, with nowhere to install (so no background lookup): the lock is taken again to load.
     assert path is not None  # returned above; the checker assumes holding() may swallow an exception
@@ -140,7 +140,7 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
         with artifacts.holding(wanted.places):
             if (path / MANIFEST_NAME).read_bytes() != verified_manifest:
                 raise aot.AotError(f"{path} was replaced after it was verified")
-            return aot.load_artifacts(model, path)
+            return saved_graphs.load_artifacts(model, path)
 
     background = BackgroundLoad(model, load, cfg.on_compile_error == "eager", on_compiled, on_fallback).start()
     log.info("compile cache: loading artifact %s from %s in the background; serving eager steps until it is loaded",
@@ -162,7 +162,7 @@ def _compile_in_background(model: Transformer, cfg: EngineConfig, wanted: Artifa
             path = find_verified(wanted)
             if path is None:
                 raise aot.AotError(f"the compile process exited 0 but {wanted.places.cache_dir} holds no verified artifact")
-            return aot.load_artifacts(model, path)
+            return saved_graphs.load_artifacts(model, path)
 
     background = BackgroundLoad(model, load, cfg.on_compile_error == "eager", on_compiled, on_fallback).start()
     log.warning("compile cache: compiling artifact %s in a separate process (pid %d, at a lower priority; its "

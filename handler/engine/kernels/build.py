@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from handler.engine import EngineError, platform
+from handler.engine import EngineError, cpu_profiles, platform
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def built_features(bits: int) -> tuple[str, ...]:
 
 def paths_of(flags: set[str]) -> tuple[str, ...]:
     """The quantized kernels' paths that CPU flags (avx512_vnni, amx_int8...) give, as PATH_TARGETS names them."""
-    targets = {target for p in platform.PROFILES for flag, target in p.kernel_extras if flag in flags}
+    targets = {target for p in cpu_profiles.PROFILES for flag, target in p.kernel_extras if flag in flags}
     return tuple(path for path, names in PATH_TARGETS.items() if targets & set(names))
 
 

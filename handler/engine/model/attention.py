@@ -1,6 +1,6 @@
-"""Attention's parts that know no model: the KV cache's slots, rotary embedding applied, and one
+"""Attention's parts that know no model: the KV cache's slots and one
 decode step's attention written out in torch (what devices without the CPU kernel run:
-kernels/attention.py). Shapes as in model.py: B sequences, H query heads, K key/value heads, S cached
+kernels/attention.py). Shapes as in transformer.py: B sequences, H query heads, K key/value heads, S cached
 positions, D head dim."""
 from __future__ import annotations
 
@@ -34,13 +34,6 @@ class KVCache(nn.Module):
         rows = torch.arange(k.shape[0], device=k.device)
         self.k[rows, :, input_pos] = k[:, :, 0]
         self.v[rows, :, input_pos] = v[:, :, 0]
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, heads, T, D]; cos, sin: [B, 1, T, D]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float | None = None) -> Tensor:

@@ -7,9 +7,7 @@ H = query heads, K = key/value heads, D = head dim.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -17,67 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handler.engine.kernels import attention as kernel_attention
-from handler.engine.model.attention import KVCache, apply_rope, decode_attention
+from handler.engine.model.args import ModelArgs
+from handler.engine.model.attention import KVCache, decode_attention
 from handler.engine.model.linear import Linear
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    norm_eps: float
-    rope_theta: float
-    qkv_bias: bool = False
-    qk_norm: bool = False  # Qwen3: each head's query and key RMS-normalized (over head_dim) before RoPE
-    tie_embeddings: bool = False
-    # Llama 3.1-style frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
-    rope_llama3_scaling: tuple[float, float, float, int] | None = None
-    # Each frequency's divisor, as a GGUF's rope_freqs tensor stores llama3 scaling (llama.cpp's
-    # freq_factors): what a GGUF served alone gives, whose converted config has no rope_scaling
-    rope_freq_factors: tuple[float, ...] | None = None
-    # window_layers (Mistral: all; Gemma 3: its local ones) see the last sliding_window positions only
-    sliding_window: int | None = None
-    window_layers: tuple[int, ...] = ()
-    # Gemma 3: norms scale by (norm_offset + w) in float32; embeddings times sqrt(dim); a norm
-    # after attention and after the MLP too; GeGLU; queries scaled by attn_scale (else
-    # head_dim ** -0.5); the sliding-window layers (local_layers) rotate with their own RoPE base.
-    norm_offset: float = 0.0
-    embed_scale: bool = False
-    post_norms: bool = False
-    gelu_mlp: bool = False
-    attn_scale: float | None = None
-    local_rope_theta: float | None = None
-    local_layers: tuple[int, ...] = ()
-
-
-def rope_frequencies(args: ModelArgs, max_seq: int, local: bool = False) -> tuple[Tensor, Tensor]:
-    """cos, sin tables of shape [max_seq, D] in float32 (rotate-half convention, as HF); `local`:
-    the sliding-window layers' (their own base, no scaling)."""
-    theta = args.local_rope_theta if local else args.rope_theta
-    assert theta is not None, "local RoPE tables need local_rope_theta"
-    inv_freq = 1.0 / (theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
-    if args.rope_llama3_scaling is not None and not local:
-        inv_freq = _llama3_scale(inv_freq, *args.rope_llama3_scaling)
-    elif args.rope_freq_factors is not None and not local:
-        inv_freq = inv_freq / torch.tensor(args.rope_freq_factors, dtype=torch.float64)
-    angles = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
-
-
-def _llama3_scale(inv_freq: Tensor, factor: float, low: float, high: float, original_max: int) -> Tensor:
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen, high_wavelen = original_max / low, original_max / high
-    smooth = (original_max / wavelen - low) / (high - low)
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    mid = (1 - smooth) * scaled / factor + smooth * scaled
-    is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-    return torch.where(is_mid, mid, scaled)
+from handler.engine.model.rope import apply_rope, rope_frequencies
 
 
 class RMSNorm(nn.Module):

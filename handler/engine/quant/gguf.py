@@ -21,7 +21,7 @@ from typing import cast, overload
 import torch
 from torch import Tensor
 
-from handler.engine.model.transformer import ModelArgs
+from handler.engine.model.args import ModelArgs
 from handler.engine.quant import kquant
 from handler.engine.quant.gguf_file import BLOCKS, FLOAT_TYPES, TensorInfo, read_directory, read_float, read_rows
 from handler.engine.quant.kquant import KQuantWeight

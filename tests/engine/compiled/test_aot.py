@@ -22,16 +22,17 @@ from handler.cache import LocalStore, RestoreOutcome, publish_if_new, restore
 from handler.cache.check import Verdict
 from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
-from handler.engine import platform
+from handler.engine import cpu_profiles, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, shapes
+from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, saved_graphs, shapes
 from handler.engine.compiled.artifact_lookup import ArtifactRequest
 from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.model.transformer import ModelArgs, Transformer
+from handler.engine.model.args import ModelArgs
+from handler.engine.model.transformer import Transformer
 from handler.engine.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,7 +73,7 @@ def run_worker(cfg: EngineConfig, cache_dir: Path, inductor_dir: Path, cpu_profi
     the launcher starts one); returns its report and stderr."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
     if cpu_profile is not None:
-        env = platform.child_environment({**env, platform.PROFILE_ENV: cpu_profile})
+        env = platform.child_environment({**env, cpu_profiles.PROFILE_ENV: cpu_profile})
     proc = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, str(cfg.checkpoint_dir), str(cache_dir), json.dumps(PROMPTS)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -243,7 +244,7 @@ def observed(monkeypatch):
 
     monkeypatch.setattr(aot, "compile_steps", no_compile)
     monkeypatch.setattr(parallel_compile, "compile_steps", no_compile)
-    monkeypatch.setattr(aot, "load_artifacts", count_load)
+    monkeypatch.setattr(saved_graphs, "load_artifacts", count_load)
     return calls
 
 
@@ -397,7 +398,7 @@ def test_background_load_failure_is_loud(cfg, cold, monkeypatch, on_error):
     def broken(model, path):
         raise aot.AotError("simulated: graph does not load")
 
-    monkeypatch.setattr(aot, "load_artifacts", broken)
+    monkeypatch.setattr(saved_graphs, "load_artifacts", broken)
     fallbacks = []
     engine = build_engine(dataclasses.replace(cfg, warm_start="background", on_compile_error=on_error),
                           places=ArtifactPlaces(cache_dir=cold[1]), on_fallback=fallbacks.append)

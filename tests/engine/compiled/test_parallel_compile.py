@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile
+from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile, saved_graphs
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 
@@ -38,7 +38,7 @@ def _compile_steps(model, cfg) -> dict:
 
 def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
     with caplog.at_level(logging.INFO, logger="handler.engine.compiled.parallel_compile"):
-        steps = aot.serving_steps(model, _compile_steps(model, cfg))
+        steps = saved_graphs.serving_steps(model, _compile_steps(model, cfg))
     assert "compiling prefill in a process of its own" in caplog.text
     assert "compiling decode, general in a process of its own" in caplog.text
     assert "compiling graphs side by side: 0 of 3 done" in caplog.text  # with a time estimate

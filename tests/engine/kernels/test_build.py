@@ -73,9 +73,9 @@ except build.KernelMismatchError as err:
 @functools.cache
 def avx_vnni_build_under_avx2() -> str:
     """What AVX_VNNI_BUILD printed, run in a child process under the forced avx2 profile."""
-    from handler.engine import platform
+    from handler.engine import cpu_profiles
 
-    env = {**os.environ, **platform.environment(platform.BY_NAME["avx2"])}
+    env = {**os.environ, **cpu_profiles.BY_NAME["avx2"].environment()}
     run = subprocess.run([sys.executable, "-c", AVX_VNNI_BUILD], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr

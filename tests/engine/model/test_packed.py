@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from handler.engine import platform
 from handler.engine.compiled import aot
 from handler.engine.model import packed
-from handler.engine.model.transformer import ModelArgs, Transformer
+from handler.engine.model.args import ModelArgs
+from handler.engine.model.transformer import Transformer
 
 BF16_ATOL = 0.05  # |difference| allowed between two bf16 GEMMs of O(1) outputs (accumulation order)
 

@@ -66,7 +66,7 @@ def test_other_types_are_refused_with_the_tensors_name(tmp_path):
 
 def test_query_rows_are_reordered_only_where_the_converter_permuted_them(tmp_path):
     """llama.cpp permutes query/key rows for `llama` files (Llama, Mistral), not for qwen2 and later."""
-    from handler.engine.model.transformer import ModelArgs
+    from handler.engine.model.args import ModelArgs
 
     args = ModelArgs(vocab_size=8, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, intermediate_size=64,
                      norm_eps=1e-6, rope_theta=1e4)
