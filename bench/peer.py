@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from bench import peer_llamacpp as llamacpp, peer_models
+from bench import peer_llamacpp as llamacpp, peer_models, random_gguf
 from bench.common import REPO, RESULTS, versions, write_json, write_section
 from bench.load import PROMPTS, Record, as_rows, run_load, span, summarize
 from handler.engine import platform
@@ -361,7 +361,8 @@ def main() -> None:
         for precision in args.precisions:
             gguf = ggufs.get(ours_gguf.get(precision, ""))
             pairs[precision] = sweep(precision, checkpoint, gguf, ggufs, build, args, Path(tmp))
-    result = {"model": model.name, "ours_gguf": ours_gguf, "output_tokens": args.output_tokens, "versions": versions(),
+    result = {"model": model.name, "ours_gguf": ours_gguf, "gguf_only": args.model in random_gguf.BODIES,
+              "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "batching": args.batching, "max_seq_len": args.max_seq_len,
               "max_batch_delay_ms": args.max_batch_delay_ms, "concurrency": args.concurrency,
               **{key: handler_setting(args.handler_set, key) if args.batching == "continuous" else None
@@ -428,6 +429,13 @@ def _rounds(r: dict) -> str:
             f"each server took {r['warmup_s']:g} s of unrecorded 1-client requests (warm_up)")
 
 
+def _ours_weights(r: dict) -> str:
+    gguf = " / ".join(r["ours_gguf"].values())
+    if r.get("gguf_only"):  # random_gguf's bodies: no float checkpoint exists
+        return f"ours serves the very {gguf} GGUF files alone (no float checkpoint; `quantization: gguf`)"
+    return f"ours serves the bf16 checkpoint and, for int8 / int4, the {gguf} GGUF beside it (`quantization: gguf`)"
+
+
 def markdown(r: dict, argv: str, out: str) -> str:
     rows, v, ll = [], r["versions"], r["llama_cpp"]
     for precision, label, side in sides(r):
@@ -453,8 +461,7 @@ def markdown(r: dict, argv: str, out: str) -> str:
 
 Command: `.venv/bin/python -m bench.peer {argv}`. Versions: torch {v['torch']}, torchserve {v.get('torchserve')},
 llama.cpp {ll['commit']} (vendored in {ll['sdist']}, built with {' '.join(ll['cmake_flags'])}), **{v['machine']}**,
-CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on every side: ours serves the bf16 checkpoint
-and, for int8 / int4, the {' / '.join(r['ours_gguf'].values())} GGUF beside it (`quantization: gguf`); llama.cpp \
+CPU profile {v.get('cpu_profile')}. Model: {r['model']}. The same weights on every side: {_ours_weights(r)}; llama.cpp \
 serves every GGUF type of the same width made from the same
 weights by `llama-quantize`, and each ratio is ours against the **fastest** of them at that concurrency. Both get the
 same streamed `/v1/completions` requests: greedy, {r['output_tokens']} tokens each (`ignore_eos`), prompts of 10-15
