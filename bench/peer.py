@@ -454,7 +454,8 @@ def markdown(r: dict, argv: str, out: str) -> str:
     key_line = ", ".join(f"`{k}` {fmt(r[k])}" for k in keys)
     forced = " forced" if v.get("cpu_profile_forced") else ""
     only = "" if list(r["pairs"]) == list(PRECISIONS) else f", {', '.join(r['pairs'])} only"
-    title = f": {v.get('cpu_profile')}{forced}, {r.get('batching', 'continuous')}{only}"
+    body = f"{r['model']}, " if r.get("gguf_only") else ""  # several bodies' sections in one file: told apart
+    title = f": {body}{v.get('cpu_profile')}{forced}, {r.get('batching', 'continuous')}{only}"
     notes = "".join(f"\n*llama.cpp {k}*: {side['note']}." for _, label, side in sides(r) if side.get("note")
                     for k in [label.split()[-1]])
     return f"""## Side by side with llama.cpp at its best (llama-server){title}
