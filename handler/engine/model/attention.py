@@ -36,10 +36,11 @@ class KVCache(nn.Module):
         self.v[rows, :, input_pos] = v[:, :, 0]
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float | None = None) -> Tensor:
+def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:
     """Attention of one new token per sequence. q: [B, H, 1, D]; keys, values: [B, K, S, D];
-    visible: [B, S], which positions sequence b sees. Returns [B, H, 1, D]. Written out: CPU SDPA
-    costs 3-4x this for one masked query row with grouped KV heads. Query heads sharing a KV head
+    visible: [B, S], which positions sequence b sees; scores times `scale`. Returns [B, H, 1, D].
+    What devices other than the CPU run (there: kernels/attention.py). Written out: SDPA cost 3-4x
+    this on CPU for one masked query row with grouped KV heads. Query heads sharing a KV head
     are one matmul's rows (keys and values read once per KV head); fp32 scores, as eager HF."""
     b, h, _, d = q.shape
     kv_heads = keys.shape[1]
@@ -50,7 +51,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, s
         scores = (grouped[:, :, :, None, :].float() * keys[:, :, None, :, :].float()).sum(-1)
     else:
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()
-    scores = scores * (d**-0.5 if scale is None else scale)  # [B, K, G, S]
+    scores = scores * scale  # [B, K, G, S]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1)
     if compiling:
