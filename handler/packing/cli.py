@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "or int8 (once, as llama.cpp's Q8: faster at many rows)")
     p.add_argument("--threading", **flag(EngineConfig, "threading"),
                    help="who runs the quantized products' threads: pool (holds up beside other busy processes) or "
-                   "openmp (torch's team: attention on every thread, faster for long prompts on cores of its own)")
+                   "openmp (every loop in torch's team, as before issue 58)")
     p.add_argument("--cpu-profile", metavar="NAME", help="compile --aot artifacts for this CPU profile (one this "
                    "machine can run, e.g. avx2 on an AVX-512 builder): python -m handler.engine.platform lists them")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")  # cuda: each worker's GPU

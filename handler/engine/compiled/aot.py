@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 # Bump when the saved graphs' layout changes: it is part of the artifact's cache key (what each
 # value meant: docs/benchmarks.md, "Compile settings").
-FORMAT = 15
+FORMAT = 16
 
 
 class AotError(EngineError, RuntimeError):

@@ -1,12 +1,13 @@
-"""`ts_llm::decode_attention`: a decode step's attention on CPU (attention.c), on the kernels'
-threads (pool.c); what the model's Attention.decode calls there, eager and compiled.
+"""`ts_llm::attention`: attention on CPU (attention.c), on the kernels' threads (pool.c); what the
+model's Attention calls there in decode and in prefill, eager and compiled.
 
-Written out in torch (model/attention.py, still what other devices run), Inductor fused it into
-reductions that a compiled graph runs on torch's threads: one under `threading: pool`, so at long
-contexts one core read every cached key and value. Here the positions are cut into blocks the pool's
-threads claim, each block's softmax is partial (its max, its sum, its weighted values) and the
-blocks are merged in order: a row's sums do not depend on the batch or the threads. Opaque, like the
-other ts_llm ops; the schema and fake are defined here with the low-level Library API."""
+Under `threading: pool` a compiled graph's own ops run on torch's one thread, so attention written in
+torch (Inductor's reductions in decode, SDPA in prefill) read every cached key and value on one core.
+Here the positions are cut into blocks the pool's threads claim, each block's softmax is partial (its
+max, its sum, its weighted values) and the blocks are merged in order: a query's sums do not depend on
+the batch, the chunk or the threads, so a position prefilled and the same position decoded get the
+same bits. Opaque, like the other ts_llm ops; the schema and fake are defined here with the low-level
+Library API."""
 from __future__ import annotations
 
 import torch
@@ -15,21 +16,20 @@ from torch import Tensor
 from handler.engine.kernels import build
 
 _lib = torch.library.Library("ts_llm", "FRAGMENT")
-_lib.define("decode_attention(Tensor q, Tensor k, Tensor v, Tensor visible, float scale) -> Tensor")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, Tensor visible, float scale) -> Tensor")
 
 
-@torch.library.register_fake("ts_llm::decode_attention")
+@torch.library.register_fake("ts_llm::attention")
 def _(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
     build.load()  # a graph being traced will call the CPU kernel
     return q.new_empty(q.shape, dtype=torch.float32)
 
 
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:
-    """model/attention.py's decode_attention for CPU tensors: q [B, H, 1, D]; keys, values [B, KV, S, D]
-    (bfloat16 or float32, the KV cache's strides); visible [B, S] bool. Returns [B, H, 1, D] in
-    values' dtype, computed in float32."""
+def attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """Attention for CPU tensors: q [B, H, T, D] (T new queries per sequence); keys, values [B, KV, S, D]
+    (bfloat16 or float32, the KV cache's strides); visible [B, T, S] bool, which positions query t of
+    sequence b sees; scores times `scale`. Returns [B, H, T, D] in values' dtype, computed in float32."""
     if not torch.compiler.is_compiling():
         build.load()  # (cached) eager calls
-    b, h, _, d = q.shape
-    out = torch.ops.ts_llm.decode_attention(q.reshape(b, h, d).float(), keys, values, visible, scale)
-    return out.view(b, h, 1, d).to(values.dtype)
+    out = torch.ops.ts_llm.attention(q.float().contiguous(), keys, values, visible, scale)
+    return out.to(values.dtype)

@@ -1,7 +1,7 @@
 """The CPU kernels (quantized.c, amx.c, kquant.c, matvec.c, attention.c), their threads (pool.c) and
 the ops' C++ entries (torch_op.cpp), built and loaded once per process with Inductor's C++
 toolchain; loading registers the CPU kernels of ts_llm::quantized_linear, ts_llm::kquant_linear,
-ts_llm::bf16_linear and ts_llm::decode_attention (their schemas may be defined before or after).
+ts_llm::bf16_linear and ts_llm::attention (their schemas may be defined before or after).
 
 Inductor's flags follow the platform's CPU profile (its -march), so the kernels are AVX2 code on an
 AVX2 machine and AVX-512 where the profile allows it. The build (~3 s: the op's entry is written

@@ -1,5 +1,5 @@
 /* The CPU kernels of ts_llm::quantized_linear and ts_llm::kquant_linear (schemas in quant/ops.py) and ts_llm::bf16_linear
- * (kernels/matvec.py) and ts_llm::decode_attention (kernels/attention.py), registered with the dispatcher from C++: compiled graphs call them 121 times
+ * (kernels/matvec.py) and ts_llm::attention (kernels/attention.py), registered with the dispatcher from C++: compiled graphs call them 121 times
  * a decode step (default model), and a Python kernel cost ~30 us a call there (dispatcher into
  * Python, argument boxing, ctypes) against ~3 us here.
  * Written against torch's stable ABI (torch/csrc/stable and the AOTI C shim), whose headers build
@@ -150,39 +150,38 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
     });
 }
 
-Tensor decode_attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale) {
-    // q [B, H, D] float32; k, v [B, KV, S, D] bfloat16 or float32, any strides but a unit last one (the
-    // KV cache's slots, heads and positions); visible [B, S] bool. Returns [B, H, D] float32 (attention.c).
-    STD_TORCH_CHECK(q.dim() == 3 && q.scalar_type() == ScalarType::Float, "decode_attention: q must be float32 [B, H, D], got ",
+Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale) {
+    // q [B, H, T, D] float32; k, v [B, KV, S, D] bfloat16 or float32, any strides but a unit last one (the
+    // KV cache's slots, heads and positions); visible [B, T, S] bool. Returns [B, H, T, D] float32 (attention.c).
+    STD_TORCH_CHECK(q.dim() == 4 && q.scalar_type() == ScalarType::Float, "attention: q must be float32 [B, H, T, D], got ",
                     q.scalar_type(), " ", shape_of(q));
-    const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
     auto cached = [&](const Tensor &t) {
         return t.dim() == 4 && t.size(0) == B && t.size(3) == D && t.stride(3) == 1 && t.size(1) > 0 && H % t.size(1) == 0
                && (t.scalar_type() == ScalarType::BFloat16 || t.scalar_type() == ScalarType::Float);
     };
     STD_TORCH_CHECK(cached(k) && cached(v) && k.scalar_type() == v.scalar_type() && k.size(1) == v.size(1)
                         && k.size(2) == v.size(2),
-                    "decode_attention: k ", shape_of(k), " and v ", shape_of(v), " must be bfloat16 or float32 [B, KV, S, D] ",
+                    "attention: k ", shape_of(k), " and v ", shape_of(v), " must be bfloat16 or float32 [B, KV, S, D] ",
                     "alike, D's stride 1, for q ", shape_of(q));
     const int64_t KV = k.size(1), S = k.size(2);
-    STD_TORCH_CHECK(visible.dim() == 2 && visible.scalar_type() == ScalarType::Bool && visible.size(0) == B
-                        && visible.size(1) == S,
-                    "decode_attention: visible must be bool [B, S] = [", B, ", ", S, "], got ", shape_of(visible));
+    STD_TORCH_CHECK(visible.dim() == 3 && visible.scalar_type() == ScalarType::Bool && visible.size(0) == B
+                        && visible.size(1) == T && visible.size(2) == S,
+                    "attention: visible must be bool [B, T, S] = [", B, ", ", T, ", ", S, "], got ", shape_of(visible));
     const Tensor rows = q.is_contiguous() ? q : torch::stable::contiguous(q);
     const Tensor seen = visible.is_contiguous() ? visible : torch::stable::contiguous(visible);
-    std::vector<int64_t> sizes{B, H, D}, strides{H * D, D, 1};
+    std::vector<int64_t> sizes{B, H, T, D}, strides{H * T * D, T * D, D, 1};
     AtenTensorHandle handle = nullptr;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(3, sizes.data(), strides.data(), aoti_torch_dtype_float32(),
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(4, sizes.data(), strides.data(), aoti_torch_dtype_float32(),
                                                            aoti_torch_device_type_cpu(), 0, &handle));
     Tensor out(handle);
     const int64_t k_strides[3] = {k.stride(0), k.stride(1), k.stride(2)}, v_strides[3] = {v.stride(0), v.stride(1), v.stride(2)};
-    const int failed = ts_llm_decode_attention(static_cast<const float *>(rows.const_data_ptr()), k.const_data_ptr(),
-                                               k_strides, v.const_data_ptr(), v_strides,
-                                               k.scalar_type() == ScalarType::BFloat16,
-                                               static_cast<const uint8_t *>(seen.const_data_ptr()),
-                                               static_cast<float *>(out.mutable_data_ptr()), B, H, KV, S, D,
-                                               static_cast<float>(scale), threads());
-    STD_TORCH_CHECK(!failed, "decode_attention: ", H / KV, " query heads per KV head (at most 32) and head dimension ", D,
+    const int failed = ts_llm_attention(static_cast<const float *>(rows.const_data_ptr()), k.const_data_ptr(), k_strides,
+                                        v.const_data_ptr(), v_strides, k.scalar_type() == ScalarType::BFloat16,
+                                        static_cast<const uint8_t *>(seen.const_data_ptr()),
+                                        static_cast<float *>(out.mutable_data_ptr()), B, H, KV, T, S, D,
+                                        static_cast<float>(scale), threads());
+    STD_TORCH_CHECK(!failed, "attention: ", H / KV, " query heads per KV head (at most 32) and head dimension ", D,
                     " (at most 512, a multiple of 8) are supported, and the kernel's scratch must be allocatable");
     return out;
 }
@@ -200,6 +199,6 @@ STABLE_TORCH_LIBRARY_IMPL(ts_llm, CPU, lib) {
     lib.impl("quantized_linear", TORCH_BOX(&quantized_linear_cpu));
     lib.impl("kquant_linear", TORCH_BOX(&kquant_linear_cpu));
     lib.impl("bf16_linear", TORCH_BOX(&bf16_linear_cpu));
-    lib.impl("decode_attention", TORCH_BOX(&decode_attention_cpu));
+    lib.impl("attention", TORCH_BOX(&attention_cpu));
     lib.impl("built_features", TORCH_BOX(&built_features_cpu));
 }

@@ -72,6 +72,8 @@ class Attention(nn.Module):
         kv_len = visible.shape[-1]
         keys = self.kv_cache.k[slot_ids, :, :kv_len]  # [B, K, S, D]: cached prefix and this chunk
         values = self.kv_cache.v[slot_ids, :, :kv_len]
+        if keys.device.type == "cpu":
+            return self._out(kernel_attention.attention(q, keys, values, visible[:, 0], self._scale()))
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True, scale=self.args.attn_scale)
         return self._out(y)
 
@@ -87,10 +89,12 @@ class Attention(nn.Module):
         kv_len = visible.shape[-1]
         keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
         values = self.kv_cache.v[:b, :, :kv_len]
-        scale = self.args.head_dim**-0.5 if self.args.attn_scale is None else self.args.attn_scale
         if keys.device.type == "cpu":
-            return self._out(kernel_attention.decode_attention(q, keys, values, visible, scale))
-        return self._out(decode_attention(q, keys, values, visible, scale))
+            return self._out(kernel_attention.attention(q, keys, values, visible[:, None], self._scale()))
+        return self._out(decode_attention(q, keys, values, visible, self._scale()))
+
+    def _scale(self) -> float:
+        return self.args.head_dim**-0.5 if self.args.attn_scale is None else self.args.attn_scale
 
 
 class FeedForward(nn.Module):

@@ -1,23 +1,30 @@
-"""ts_llm::decode_attention against attention in float64: grouped heads, contexts inside one block
-and across several, bfloat16 and float32 caches read through the KV cache's strides, masks that
-hide positions (a sliding window, a slot's unwritten tail), and the same bits whatever the batch or
-the threads; and the checks that keep bad tensors out of C."""
+"""ts_llm::attention against attention in float64: one query (decode) and a chunk of queries
+(prefill), grouped heads, contexts inside one block and across several, bfloat16 and float32 caches
+read through the KV cache's strides, masks that hide positions (causal chunks, a sliding window, a
+slot's unwritten tail), and the same bits whatever the batch, the chunk or the threads; and the
+checks that keep bad tensors out of C."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from handler.engine.kernels import build
-from handler.engine.kernels.attention import decode_attention
+from handler.engine.kernels.attention import attention
+
+
+def decode_attention(q, keys, values, visible, scale):
+    """One query per sequence, as Attention.decode calls it: visible [B, S]."""
+    return attention(q, keys, values, visible[:, None], scale)
 
 
 def _reference(q, keys, values, visible, scale):
+    """q [B, H, T, D]; visible [B, T, S] (or [B, S] for one query)."""
     h, kv = q.shape[1], keys.shape[1]
     k = keys.double().repeat_interleave(h // kv, dim=1)  # [B, H, S, D]
     v = values.double().repeat_interleave(h // kv, dim=1)
-    scores = (q.double() @ k.transpose(-1, -2)) * scale  # [B, H, 1, S]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    return scores.softmax(-1) @ v
+    scores = (q.double() @ k.transpose(-1, -2)) * scale  # [B, H, T, S]
+    mask = visible[:, None, None, :] if visible.dim() == 2 else visible[:, None]
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
 def _cache(b, kv, s, d, dtype, spare=5):
@@ -86,20 +93,61 @@ def test_the_same_bits_on_any_threads(threads):
         kernels.ts_llm_set_threads(-1)
 
 
+def _causal(b, t, s, start):
+    """[B, T, S]: query t of row b sits at position start[b] + t and sees every position up to it."""
+    positions = torch.as_tensor(start)[:, None] + torch.arange(t)[None, :]
+    return torch.arange(s)[None, None, :] <= positions[:, :, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,h,kv,t,d,start", [(1, 9, 3, 40, 64, [0]), (2, 8, 2, 300, 64, [5, 700]), (1, 32, 8, 70, 128, [500])])
+def test_a_chunk_of_queries_matches_attention_in_float64(dtype, b, h, kv, t, d, start):
+    torch.manual_seed(t + d)
+    s = max(start) + t
+    q = torch.randn(b, h, t, d).to(dtype)
+    keys, values = _cache(b, kv, s, d, dtype)
+    visible = _causal(b, t, s, start)
+    out = attention(q, keys, values, visible, d**-0.5)
+    assert out.shape == (b, h, t, d) and out.dtype == dtype
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert (out.double() - _reference(q, keys, values, visible, d**-0.5)).abs().max() < tolerance
+
+
+def test_a_prefilled_query_has_the_bits_of_the_same_query_decoded():
+    torch.manual_seed(4)
+    t, start = 600, 100  # a chunk across three blocks, after a cached prefix
+    q = torch.randn(1, 9, t, 64)
+    keys, values = _cache(1, 3, start + t, 64, torch.bfloat16)
+    chunk = attention(q, keys, values, _causal(1, t, start + t, [start]), 0.125)
+    for i in (0, 155, 156, 411, t - 1):  # positions 100, 255, 256, 511, 699
+        seen = torch.arange(start + t)[None, :] <= start + i
+        assert torch.equal(decode_attention(q[:, :, i:i + 1], keys, values, seen, 0.125), chunk[:, :, i:i + 1])
+
+
+def test_a_long_chunk_in_passes_has_the_bits_of_short_chunks():
+    torch.manual_seed(5)
+    t = 2048  # 32 heads of 128 over 2,048 positions: the partials of one pass hold ~120 queries
+    q = torch.randn(1, 32, t, 128).bfloat16()
+    keys, values = _cache(1, 8, t, 128, torch.bfloat16)
+    whole = attention(q, keys, values, _causal(1, t, t, [0]), 0.1)
+    part = attention(q[:, :, 1000:1100], keys, values, _causal(1, 100, t, [1000]), 0.1)
+    assert torch.equal(whole[:, :, 1000:1100], part)
+
+
 def test_refuses_keys_of_another_head_dimension():
-    q, visible = torch.randn(1, 4, 64), torch.ones(1, 10, dtype=torch.bool)
+    q, visible = torch.randn(1, 4, 1, 64), torch.ones(1, 1, 10, dtype=torch.bool)
     keys = torch.randn(1, 2, 10, 32)
-    with pytest.raises(RuntimeError, match=r"decode_attention: k \[1, 2, 10, 32\] and v"):
-        torch.ops.ts_llm.decode_attention(q, keys, keys, visible, 1.0)
+    with pytest.raises(RuntimeError, match=r"attention: k \[1, 2, 10, 32\] and v"):
+        torch.ops.ts_llm.attention(q, keys, keys, visible, 1.0)
 
 
 def test_refuses_a_mask_of_another_length():
-    q, keys = torch.randn(1, 4, 64), torch.randn(1, 2, 10, 64)
-    with pytest.raises(RuntimeError, match=r"visible must be bool \[B, S\] = \[1, 10\], got \[1, 9\]"):
-        torch.ops.ts_llm.decode_attention(q, keys, keys, torch.ones(1, 9, dtype=torch.bool), 1.0)
+    q, keys = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64)
+    with pytest.raises(RuntimeError, match=r"visible must be bool \[B, T, S\] = \[1, 1, 10\], got \[1, 1, 9\]"):
+        torch.ops.ts_llm.attention(q, keys, keys, torch.ones(1, 1, 9, dtype=torch.bool), 1.0)
 
 
 def test_refuses_more_query_heads_per_kv_head_than_it_holds():
-    q, keys = torch.randn(1, 64, 16), torch.randn(1, 1, 10, 16)
+    q, keys = torch.randn(1, 64, 1, 16), torch.randn(1, 1, 10, 16)
     with pytest.raises(RuntimeError, match="query heads per KV head"):
-        torch.ops.ts_llm.decode_attention(q, keys, keys, torch.ones(1, 10, dtype=torch.bool), 1.0)
+        torch.ops.ts_llm.attention(q, keys, keys, torch.ones(1, 1, 10, dtype=torch.bool), 1.0)
