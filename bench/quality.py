@@ -1,107 +1,138 @@
-"""Quality of quantized weights, measured: perplexity on a fixed text (bench/data/quality.txt,
-public-domain prose and two plain paragraphs) and agreement with the bf16 weights, for each
-`quantization` setting of the engine on the default model.
+"""Faithfulness (issue 61): how close each served path stays to the unrounded model of the same
+file, beside llama.cpp on that file.
 
-    .venv/bin/python -m bench.quality
+    .venv/bin/python -m bench.quality                        # every path
+    .venv/bin/python -m bench.quality --paths default q4_0   # some of them
 
-Agreement is measured two ways: teacher-forced (on the text, the share of positions whose
-most likely next token equals bf16's) and free-running (greedy continuations of fixed prompts:
-the share of the 32 generated tokens equal to bf16's at the same position, and how many of the
-continuations are identical). Eager engine, the machine's default dtype. Writes
-docs/results/quality.json and the Quality section of docs/benchmarks.md.
+The paths are GGUF files: the default model as shipped (`default`: Q4_1 projections, a Q8_0 head),
+its Q4_0, Q4_K_M, Q8_0 and BF16 files made by llama-quantize (bench/peer_llamacpp.py), and the real
+Gemma 3 270M Q4_K_M file (`gemma3_q4_k_m`). For each file, on the same positions of the same text
+(bench/data/perplexity.txt, llama-perplexity's chunks of --ctx tokens, each chunk's second half
+scored, every chunk starting with BOS):
+- the reference: the file's weights dequantized, float32 activations and KV cache, never rounded
+  (eager engine, `quantization: none`, `dtype: float32`);
+- ours: the path a worker serves the file on (`quantization: auto`, `dtype: auto`, the default
+  `activations`), eager steps, which call the same kernels as the compiled ones;
+- llama.cpp: `llama-perplexity` on the file, its log-probabilities saved (--kl-divergence-base,
+  16-bit codes over a window of e^16) and read here: its own defaults (8-bit activations in the
+  quantized products, float16 KV cache).
+Measured against the reference: top-1 agreement (the same most likely next token; for llama.cpp a
+tie at its 16-bit resolution counts as agreement), mean KL divergence KL(reference || path), and
+perplexity over the reference's. Writes docs/results/quality.json and the Quality section of
+docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
+from bench import peer_llamacpp as llamacpp
 from bench.common import versions, write_json, write_section
-from bench.load import PROMPTS
-from handler.engine.config import EngineConfig, Quantization
-from handler.engine.convert import ensure_default_checkpoint
+from bench.gguf_files import gemma_file
+from bench.llamacpp_logits import TEXT, Saved, chunk_logits, first_token, llama_perplexity
+from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.sampling import SamplingParams
+from handler.packing.gguf_checkpoint import stage_gguf
 
-TEXT = Path(__file__).resolve().parent / "data" / "quality.txt"
-VARIANTS = ("none", "int8", "int4", "gguf")
+DEFAULT_TYPES = {"default": llamacpp.SHIPPED, "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q8_0": "Q8_0", "bf16": "BF16"}
+PATHS = (*DEFAULT_TYPES, "gemma3_q4_k_m")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=None)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--ctx", type=int, default=512, help="llama-perplexity's chunk length (its default)")
     return p.parse_args()
 
 
-def all_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token logits [T, V] at every position of one sequence (Transformer.prefill keeps only the
-    last), through the model's slot 0: the model's cache must hold T positions."""
-    with torch.no_grad():
-        x = model.hidden(tokens, torch.tensor([0]), torch.tensor([0]), tokens.shape[1])
-        return model.output(model.norm(x[0])).float()
+def log_probs(cfg: EngineConfig, saved: Saved, bos: int | None) -> tuple[list[torch.Tensor], str]:
+    """Per chunk, the engine's log-softmax [scored, V] at llama-perplexity's scored positions; its path."""
+    loaded = build_engine(cfg)
+    return [F.log_softmax(logits, -1) for logits in chunk_logits(loaded.model, saved, bos)], loaded.path
 
 
-def greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
-    for i, ids in enumerate(prompts):
-        engine.add(f"p{i}", ids, params)
-    out: dict[str, list[int]] = {f"p{i}": [] for i in range(len(prompts))}
-    while engine.running:
-        for event in engine.step():
-            out[event.request_id].extend(event.token_ids)
-    return [out[f"p{i}"] for i in range(len(prompts))]
+def against(reference: list[torch.Tensor], path: list[torch.Tensor], saved: Saved, ties: bool) -> dict:
+    """Top-1 agreement, mean KL(reference || path) in nats, and perplexity over the reference's, on the
+    scored positions. `ties`: the path is llama.cpp's, whose equal 16-bit codes tie for the top."""
+    agree = kl = nll = nll_ref = 0.0
+    total = 0
+    for chunk, (ref, got) in enumerate(zip(reference, path, strict=True)):
+        targets, best = saved.targets(chunk)[:, None], ref.argmax(-1, keepdim=True)
+        if ties:
+            codes = saved.codes(chunk)
+            agree += float((codes.gather(1, best)[:, 0] == codes.max(-1).values).sum())
+        else:
+            agree += float((got.argmax(-1, keepdim=True) == best).sum())
+        kl += float((ref.exp() * (ref - got)).sum())
+        nll -= float(got.gather(1, targets).sum())
+        nll_ref -= float(ref.gather(1, targets).sum())
+        total += len(targets)
+    return {"top1": round(agree / total, 4), "kl": round(kl / total, 6),
+            "ppl_ratio": round(float(np.exp((nll - nll_ref) / total)), 4), "reference_nll": nll_ref / total,
+            "positions": total}
 
 
-def measure(checkpoint: Path, quantization: Quantization, args) -> dict:
-    loaded = build_engine(EngineConfig(checkpoint, compile="eager", quantization=quantization, max_batch_size=len(PROMPTS),
-                                       max_seq_len=1024))
-    tok = loaded.engine.tokenizer
-    ids = torch.tensor([tok.encode(TEXT.read_text())])
-    logits = all_logits(loaded.model, ids)
-    nll = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
-    prompts = [tok.encode(p) for p in PROMPTS]
-    return {"path": loaded.path, "tokens": ids.shape[1], "perplexity": float(nll.exp()),
-            "argmax": logits[:-1].argmax(-1), "greedy": greedy(loaded.engine, prompts, args.new_tokens)}
+def measure(gguf: Path, build: dict, ctx: int, tmp: Path) -> dict:
+    print(gguf.name, flush=True)
+    reported, saved_path = llama_perplexity(build, gguf, ctx, tmp)
+    saved, bos = Saved(saved_path), first_token(gguf)
+    ckpt = stage_gguf(gguf, tmp / gguf.stem)
+    common = {"checkpoint_dir": ckpt, "compile": "eager", "max_batch_size": 1, "max_seq_len": saved.n_ctx}
+    reference, reference_path = log_probs(EngineConfig(**common, quantization="none", dtype="float32"), saved, bos)
+    ours, path = log_probs(EngineConfig(**common), saved, bos)
+    theirs = [saved.log_probs(chunk) for chunk in range(len(saved.tokens))]
+    mine, llama = against(reference, ours, saved, ties=False), against(reference, theirs, saved, ties=True)
+    row = {"file": gguf.name, "engine_path": path, "reference_path": reference_path, "positions": mine["positions"],
+           "reference_perplexity": round(float(np.exp(mine["reference_nll"])), 4),
+           "top1_vs_reference": mine["top1"], "kl_vs_reference": mine["kl"], "ppl_ratio_vs_reference": mine["ppl_ratio"],
+           "llamacpp_top1_vs_reference": llama["top1"], "llamacpp_kl_vs_reference": llama["kl"],
+           "llamacpp_ppl_ratio_vs_reference": llama["ppl_ratio"], "llamacpp_perplexity_reported": reported}
+    print(f"  {row}", flush=True)
+    return row
+
+
+def files(build: dict, paths: list[str]) -> dict[str, Path]:
+    """{path: GGUF file}: the default model's (made once, cached), the Gemma file (downloaded once)."""
+    found = {p: llamacpp.default_ggufs(build, [DEFAULT_TYPES[p]])[DEFAULT_TYPES[p]] for p in paths if p in DEFAULT_TYPES}
+    if "gemma3_q4_k_m" in paths:
+        found["gemma3_q4_k_m"] = gemma_file()
+    return found
 
 
 def main() -> None:
     args = parse_args()
-    checkpoint = args.checkpoint or ensure_default_checkpoint(Path("artifacts/checkpoints/smollm2-135m-instruct"))
-    runs = {q: measure(checkpoint, q, args) for q in args.variants}
-    ref = runs["none"]
-    result = {"versions": versions(), "text_tokens": ref["tokens"], "prompts": len(PROMPTS), "new_tokens": args.new_tokens,
-              "variants": {}}
-    for q, r in runs.items():
-        same = [sum(a == b for a, b in zip(g, rg)) for g, rg in zip(r["greedy"], ref["greedy"])]
-        result["variants"][q] = {
-            "engine_path": r["path"], "perplexity": r["perplexity"],
-            "perplexity_over_bf16": r["perplexity"] / ref["perplexity"],
-            "teacher_forced_top1_agreement": float((r["argmax"] == ref["argmax"]).float().mean()),
-            "greedy_token_agreement": sum(same) / (len(same) * args.new_tokens),
-            "greedy_identical_continuations": sum(s == args.new_tokens for s in same)}
-        print(q, dict(result["variants"][q]), flush=True)
+    build = llamacpp.ensure_built(torch.get_num_threads())
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {p: measure(f, build, args.ctx, Path(tmp)) for p, f in files(build, args.paths).items()}
+    result = {"versions": versions(), "text": TEXT.name, "ctx": args.ctx, "activations": EngineConfig.activations,
+              "llamacpp": build["version_line"], "paths": paths}
     write_json("quality.json", result)
     write_section("quality", markdown(result))
 
 
 def markdown(r: dict) -> str:
     rows = "\n".join(
-        f"| {q} | {v['perplexity']:.3f} | {v['perplexity_over_bf16']:.3f} | {v['teacher_forced_top1_agreement']:.3f} | "
-        f"{v['greedy_token_agreement']:.3f} | {v['greedy_identical_continuations']}/{r['prompts']} |"
-        for q, v in r["variants"].items())
-    return f"""## Quality of quantized weights
+        f"| {p} | {v['file']} | {v['top1_vs_reference']:.4f} | {v['llamacpp_top1_vs_reference']:.4f} | "
+        f"{v['kl_vs_reference']:.5f} | {v['llamacpp_kl_vs_reference']:.5f} | {v['ppl_ratio_vs_reference']:.4f} | "
+        f"{v['llamacpp_ppl_ratio_vs_reference']:.4f} |" for p, v in r["paths"].items())
+    return f"""## Faithfulness to the unrounded model (issue 61)
 
-`.venv/bin/python -m bench.quality` on {r['versions']['machine']} ({r['versions']['cpu_profile']}): perplexity
-on `bench/data/quality.txt` ({r['text_tokens']} tokens) and agreement with the bf16 weights (`none`):
-teacher-forced top-1 on that text, and greedy continuations of {r['prompts']} prompts ({r['new_tokens']}
-tokens each). The default model's bf16 checkpoint is itself the dequantized Q4_1 GGUF, so `gguf`
-(the file's blocks as stored) differs from it only by bf16's rounding of the dequantized weights.
+`.venv/bin/python -m bench.quality` on {r['versions']['machine']} ({r['versions']['cpu_profile']}): each GGUF
+file against its own weights dequantized with float32 activations and KV cache (the reference), ours
+(the path a worker serves the file on, `activations: {r['activations']}`) beside llama.cpp
+(`llama-perplexity`, its defaults: 8-bit activations, float16 KV), on the same
+{next(iter(r['paths'].values()))['positions'] if r['paths'] else 0} scored positions of
+`bench/data/{r['text']}` (chunks of {r['ctx']} tokens, the second half of each scored). Top-1: the same
+most likely next token as the reference; KL: mean KL(reference || path) in nats; perplexity over the
+reference's.
 
-| quantization | perplexity | / bf16 | top-1 agreement | greedy token agreement | identical continuations |
-|---|---|---|---|---|---|
+| path | file | top-1, ours | top-1, llama.cpp | KL, ours | KL, llama.cpp | ppl ratio, ours | ppl ratio, llama.cpp |
+|---|---|---|---|---|---|---|---|
 {rows}
 """
 

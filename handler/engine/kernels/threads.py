@@ -6,10 +6,10 @@ another process shares the cores (a node agent, the sidecar, a neighbour's pod) 
 thread off its core, every loop of the step waits for it: tokens 2 s apart with libgomp's long spin
 (GOMP_SPINCOUNT 300,000), half speed with a short one (3,000), which also cost 15-20% quiet.
 
-`threading: pool` (the default) runs the products in the kernels' own pool (pool.c): threads claim
-chunks of a loop, the caller too, so a thread that has not come takes no share and nobody waits for
-it; a worker spins 300 us between loops, then sleeps. Torch's own ops (Inductor's kernels between the
-products, sampling) then run on one thread: two teams of threads, each spinning for the same cores,
+`threading: pool` (the default) runs the products and attention in the kernels' own pool (pool.c):
+threads claim chunks of a loop, the caller too, so a thread that has not come takes no share and
+nobody waits for it; a worker spins 300 us between loops, then sleeps. Torch's own ops (Inductor's
+kernels between them, sampling) then run on one thread: two teams of threads, each spinning for the same cores,
 were measured to halve the speed. `threading: openmp` is the code before issue 58: everything in
 torch's libgomp team (docs/benchmarks.md, "On a shared CPU").
 
@@ -63,7 +63,7 @@ class ThreadSettings:
 
     def describe(self) -> str:
         if self.wait == POOL_WAIT:
-            return f"products on {self.threads} threads ({self.wait}), torch's ops on {self.graph_threads}"
+            return f"products and attention on {self.threads} threads ({self.wait}), torch's other ops on {self.graph_threads}"
         return f"{self.threads} threads, OpenMP wait: {self.wait}"
 
 

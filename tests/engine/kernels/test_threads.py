@@ -42,7 +42,7 @@ def test_only_the_pool_a_short_spin_or_passive_counts_as_bounded():
 def test_the_pool_leaves_torch_one_thread_and_the_products_the_rest():
     settings = threads.in_force(EngineConfig(Path("ckpt"), threads=3))
     assert (settings.threads, settings.graph_threads) == (3, 1)
-    assert settings.describe() == f"products on 3 threads ({threads.POOL_WAIT}), torch's ops on 1"
+    assert settings.describe() == f"products and attention on 3 threads ({threads.POOL_WAIT}), torch's other ops on 1"
 
 
 def test_graphs_are_compiled_for_the_threads_torch_gets():
