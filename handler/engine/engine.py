@@ -22,30 +22,13 @@ import torch
 from torch import Tensor
 
 from handler.engine import EngineError
+from handler.engine.compiled.shapes import PREFILL_PAD, decode_window, prefill_width
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.next_token import constrain, record
 from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
 from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, restore
 from handler.engine.tokenizer import Tokenizer
-
-# Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix
-# cache mostly holds prefills a few rows, not 16.
-PREFILL_PAD = 4
-KV_BUCKET = 64  # decode attends to a multiple of this many positions
-
-
-def decode_window(positions: int, max_seq_len: int) -> int:
-    """How many cached positions a decode step attends to when the furthest sequence needs
-    `positions`: the next multiple of KV_BUCKET (compiled graphs take the window as a symbol)."""
-    return min(-(-positions // KV_BUCKET) * KV_BUCKET, max_seq_len)
-
-
-def prefill_width(longest_chunk: int, limit: int) -> int:
-    """The padded width of a prefill whose longest chunk has `longest_chunk` tokens (at most
-    `limit`: the chunk size, or max_seq_len when that is smaller)."""
-    return min(-(-longest_chunk // PREFILL_PAD) * PREFILL_PAD, limit)
-
 
 # (tokens[B,T], slot_ids[B], start_pos[B], last_index[B], kv_len) -> logits[B,V]: see Transformer.prefill
 PrefillFn = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
@@ -123,21 +106,8 @@ class Engine:
         return None if seq is None else continuation(seq)
 
     def _free_slot(self, prompt_ids: list[int]) -> int:
-        """A free slot below the highest taken one (decode computes its row anyway): the one
-        holding the longest prefix of the prompt (with prefix caching), else the one least
-        recently used; else the lowest free slot, which keeps decode's batch as small as it can
-        be (a lone request decodes at batch 1, its fastest graph). A prefix held elsewhere is
-        copied over when the prefill starts."""
-        taken = [i for i, s in enumerate(self._slots) if s is not None]
-        free = [i for i, s in enumerate(self._slots) if s is None]
-        inside = [i for i in free if taken and i < taken[-1]]
-        if not inside:
-            return free[0]
-        if self.prefix_caching:
-            slot, _ = self._cache.longest(prompt_ids, among=inside)
-            if slot is not None:
-                return slot
-        return self._cache.least_recently_used(inside)
+        taken = [s is not None for s in self._slots]
+        return self._cache.free_slot(taken, prompt_ids if self.prefix_caching else [])
 
     def _matcher(self, params: SamplingParams) -> Matcher | None:
         if params.json_schema is None:

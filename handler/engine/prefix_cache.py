@@ -92,6 +92,19 @@ class PrefixCache:
                 best[i] = slot
         return best
 
+    def free_slot(self, taken: list[bool], prompt: list[int]) -> int:
+        """The slot a new sequence takes (taken[i]: slot i is busy): a free slot below the highest
+        taken one (decode computes its row anyway), the one holding the longest prefix of the
+        prompt (empty: prefix caching is off), else the one least recently used; else the lowest
+        free slot, which keeps decode's batch as small as it can be (a lone request decodes at
+        batch 1, its fastest graph). A prefix held elsewhere is copied over when the prefill starts."""
+        highest = max((i for i, busy in enumerate(taken) if busy), default=-1)
+        inside = [i for i in range(highest) if not taken[i]]
+        if not inside:
+            return taken.index(False)
+        slot, _ = self.longest(prompt, among=inside) if prompt else (None, 0)
+        return slot if slot is not None else self.least_recently_used(inside)
+
     def least_recently_used(self, slots: Iterable[int]) -> int:
         return min(slots, key=self._last_used.__getitem__)
 

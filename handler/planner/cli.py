@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from handler.planner import model, results
-from handler.planner.model import Benchmarks, FleetPolicy, Plan, PlanError, Workload
+from handler.planner.inputs import Benchmarks, FleetPolicy, PlanError, Workload
+from handler.planner.model import Plan
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handler.planner.model import Benchmarks, PlanError, ServeRun
+from handler.planner.inputs import Benchmarks, PlanError, ServeRun
 
 DEFAULT_SERVE = Path("docs/results/serve.json")
 DEFAULT_STARTUP = Path("docs/results/startup.json")

@@ -96,15 +96,6 @@ def test_chat_template_answers_a_question(engine):
     assert "Paris" in text
 
 
-def test_decode_window_covers_the_positions_in_few_shapes():
-    from handler.engine.engine import decode_window
-
-    for positions in range(1, 2049):
-        window = decode_window(positions, 2048)
-        assert positions <= window <= 2048 and window % 64 == 0 and window - positions < 64
-    assert decode_window(10, 40) == 40, "capped at max_seq_len"
-
-
 def _step_logprobs(engine, ids, params):
     """Every generated token's TokenLogprob, stepping the engine as a server does."""
     engine.add("lp", ids, params)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.planner.model import Benchmarks, FleetPolicy, ServeRun, Workload
+from handler.planner.inputs import Benchmarks, FleetPolicy, ServeRun, Workload
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

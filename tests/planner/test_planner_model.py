@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from handler.planner import model
-from handler.planner.model import PlanError, ServeRun
+from handler.planner.inputs import PlanError, ServeRun
 
 
 def test_hand_checked_plan(workload, policy, bench) -> None:

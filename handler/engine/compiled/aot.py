@@ -5,7 +5,7 @@ first call would produce) into an object that serializes with its guards. Length
 and the batch is compiled as an unbacked size, which torch cannot specialize to 1 (its 0/1
 rule), so one graph per step usually serves every shape. That is checked, not assumed: every
 shape the Engine can send is enumerated (it pads prompts and picks attention windows as
-engine.prefill_width and engine.decode_window say), and a graph is added for each shape no graph's guards accept yet. Serving therefore
+shapes.prefill_width and shapes.decode_window say), and a graph is added for each shape no graph's guards accept yet. Serving therefore
 never meets a shape that would need a recompile.
 
 Parameters and KV-cache buffers stay graph inputs, read from the live model at each call (no

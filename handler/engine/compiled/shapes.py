@@ -1,6 +1,6 @@
-"""The shapes the Engine calls its steps with, which AOT compiling must cover: every batch,
-chunk width and attention window serving can produce (engine.prefill_width pads chunks,
-engine.decode_window sizes windows), and the order their example shapes are compiled in."""
+"""The shapes the Engine calls its steps with, which AOT compiling must cover: how it pads them
+(prefill_width pads chunks, decode_window sizes windows), every batch, chunk width and attention
+window serving can produce, and the order their example shapes are compiled in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,10 +9,26 @@ from typing import Any, Literal
 import torch
 
 from handler.engine.config import EngineConfig
-from handler.engine.engine import decode_window, prefill_width
 from handler.engine.model.transformer import Transformer
 
 StepName = Literal["prefill", "decode"]
+
+# Chunks are right-padded to a multiple of this: fewer distinct shapes, and a prompt the prefix
+# cache mostly holds prefills a few rows, not 16.
+PREFILL_PAD = 4
+KV_BUCKET = 64  # decode attends to a multiple of this many positions
+
+
+def decode_window(positions: int, max_seq_len: int) -> int:
+    """How many cached positions a decode step attends to when the furthest sequence needs
+    `positions`: the next multiple of KV_BUCKET (compiled graphs take the window as a symbol)."""
+    return min(-(-positions // KV_BUCKET) * KV_BUCKET, max_seq_len)
+
+
+def prefill_width(longest_chunk: int, limit: int) -> int:
+    """The padded width of a prefill whose longest chunk has `longest_chunk` tokens (at most
+    `limit`: the chunk size, or max_seq_len when that is smaller)."""
+    return min(-(-longest_chunk // PREFILL_PAD) * PREFILL_PAD, limit)
 
 
 @dataclass(frozen=True)
@@ -43,7 +59,7 @@ def example_args(step: StepName, shape: Shape, device: torch.device) -> tuple[An
 
 def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:
     """Every shape the Engine can call `step` with: 1..max_batch_size sequences; chunks padded
-    as engine.prefill_width pads them, attention windows as engine.decode_window makes them.
+    as prefill_width pads them, attention windows as decode_window makes them.
 
     Prefill has a (width, window) pair for each chunk width and each window a chunk of that
     width can end in; each pair at batch 1 and at the largest batch, every batch at the first

@@ -18,12 +18,9 @@ file (the pod's key step wrote it, and the worker loaded the .mar's own artifact
 all has nothing to publish.
 
 The restore runs in its own process (an init container), or in a thread of the entrypoint while
-TorchServe starts (restore_at_start), so its counters do not go to the watching sidecar's
-registry directly: it writes them to a small record beside the cache dir
-(`.<name>.restore.json`, next to the install lock) and the sidecar exports them at start. The
-record also names the version of a stored manifest the restore rejected: this replica compiles
-that key cold, and its publish replaces exactly that object (handler.cache.store), so one bad
-artifact does not send every later replica to a cold start.
+TorchServe starts (restore_at_start); its counters and the stored version it rejected leave through
+a record beside the cache dir (restore_record.py). A publish replaces exactly that rejected object
+(handler.cache.store), so one bad artifact does not send every later replica to a cold start.
 """
 
 from __future__ import annotations
@@ -31,9 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -50,7 +45,7 @@ from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import artifact_files
 from handler.cache.signing import Signing
 from handler.cache.sync import PublishOutcome, RestoreOutcome, publish_if_new, restore_in_background
-from handler.files import write_atomic
+from handler.sidecar.app.restore_record import forget_rejection, read_restore_record, write_restore_record
 from handler.sidecar.errors import ConfigError, SidecarError
 
 log = logging.getLogger(__name__)
@@ -85,12 +80,7 @@ def load_key(path: Path) -> CacheKey:
                           ) from err
 
 
-# ---- restore, and its record for the sidecar's /metrics
-
-def restore_record_path(cache_dir: Path) -> Path:
-    """Beside the cache dir, like the install lock: never inside the artifact."""
-    return cache_dir.parent / f".{cache_dir.name}.restore.json"
-
+# ---- restore (its record for the sidecar's /metrics: restore_record.py)
 
 def restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: str | None = None,
             region: str | None = None, signing: Signing | None = None) -> str:
@@ -123,60 +113,11 @@ def start_restore(store_uri: str, key_path: Path, dest_dir: Path, endpoint_url: 
             outcome.set_exception(done.exception())
             return
         rejected = (key.digest(), store.rejected_version(key)) if key is not None else None
-        _write_restore_record(dest_dir, str(done.result()), registry, rejected)
+        write_restore_record(dest_dir, str(done.result()), registry, rejected)
         outcome.set_result(str(done.result()))
 
     restoring.add_done_callback(record)
     return outcome
-
-
-def _write_restore_record(dest_dir: Path, outcome: str, registry: CollectorRegistry,
-                          rejected: tuple[str, str | None] | None) -> None:
-    def count(name: str) -> int:
-        return int(registry.get_sample_value(name) or 0)
-
-    record = {"outcome": outcome, "epoch": time.time(),
-              "rejected": count("ts_llm_cache_artifacts_rejected_total"),
-              "signature_rejected": count("ts_llm_cache_manifest_signatures_rejected_total"),
-              "downloads": count("ts_llm_cache_artifact_downloads_total")}
-    if rejected is not None and rejected[1] is not None:
-        record["rejected_digest"], record["rejected_version"] = rejected
-    path = restore_record_path(dest_dir)
-    try:
-        write_atomic(path, json.dumps(record))
-    except OSError as err:  # the restore itself worked; only its metrics are lost
-        log.warning("cannot write the restore record %s (%s): the sidecar will not export "
-                    "this restore's outcome", path, err)
-
-
-@dataclass(frozen=True)
-class RestoreRecord:
-    outcome: str  # a RestoreOutcome, or NO_KEY
-    rejected: int  # artifacts the store rejected during the restore
-    downloads: int
-    signature_rejected: int = 0  # of the rejected: unsigned or wrongly signed manifests
-    rejected_digest: str | None = None  # the key whose stored manifest was rejected...
-    rejected_version: str | None = None  # ...and that manifest's version (an S3 ETag): what a publish replaces
-
-    def replaces(self, key: CacheKey) -> str | None:
-        """The stored version a publish of `key` may replace: the one this restore rejected."""
-        return self.rejected_version if self.rejected_digest == key.digest() else None
-
-
-def read_restore_record(cache_dir: Path) -> RestoreRecord | None:
-    """The last restore's record, or None when there is none (no restore ran) or it is
-    unreadable (logged)."""
-    path = restore_record_path(cache_dir)
-    try:
-        record = json.loads(path.read_text())
-        return RestoreRecord(str(record["outcome"]), int(record["rejected"]), int(record["downloads"]),
-                             int(record.get("signature_rejected", 0)), record.get("rejected_digest"),
-                             record.get("rejected_version"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning("ignoring the unreadable restore record %s: %s", path, err)
-        return None
 
 
 # ---- publish
@@ -253,24 +194,8 @@ def _publish_if_new(store: ArtifactStore, key: CacheKey, src_dir: Path,
     except OSError as err:  # a file vanished or is unreadable (store errors are CacheStoreError)
         raise ArtifactDirError(f"publishing {src_dir} failed: {err}") from err
     if outcome is PublishOutcome.REPLACED:
-        _forget_rejection(src_dir)
+        forget_rejection(src_dir)
     return str(outcome)
-
-
-def _forget_rejection(cache_dir: Path) -> None:
-    """The rejected version is replaced: a later publish must not replace what replaced it (a
-    fresh artifact with the same bytes has the same version)."""
-    path = restore_record_path(cache_dir)
-    try:
-        record = json.loads(path.read_text())
-        record.pop("rejected_digest", None)
-        record.pop("rejected_version", None)
-        write_atomic(path, json.dumps(record))
-    except FileNotFoundError:  # no restore record: nothing to forget
-        return
-    except (OSError, ValueError) as err:
-        log.warning("cannot clear the rejection from the restore record %s (%s): a later publish may "
-                    "replace the stored artifact again", path, err)
 
 
 class Publisher:

@@ -16,6 +16,7 @@ Store calls run aside under a time bound: a slow store delays neither start nor 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +26,17 @@ from handler.cache import ArtifactStore, CacheStoreError
 from handler.cache.errors import ManifestSignatureError
 from handler.cache.signing import unverified_body
 from handler.sidecar.background_call import BackgroundCall
+from handler.sidecar.drain.plan import DrainPolicy
+from handler.sidecar.drain.report import DrainReport
 from handler.sidecar.drain.stop_record import (
     encode_stop_seconds,
     parse_stop_seconds,
     read_stop_seconds,
+    record_stop_seconds,
+    stop_reserve,
     write_stop_seconds,
 )
+from handler.sidecar.notice.termination import Clock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,6 +44,61 @@ T = TypeVar("T")
 NAME = "fleet/stop-seconds.json"
 # Errors a store call may end with; none of them may stop a start or a drain.
 STORE_ERRORS = (CacheStoreError, OSError, ValueError)
+# Bounds on the store calls (one small object): reading it at start, and writing it after a drain
+# (until the drain's deadline, at least MIN_SHARE_S).
+SEED_TIMEOUT_S = 10.0
+MIN_SHARE_S, MAX_SHARE_S = 0.5, 5.0
+
+
+class MeasuredStops:
+    """The stops this replica's drains measured (its local record, drain/stop_record.py), seeded at
+    start from the fleet's when it has none and shared back after a drain; the stop reserve they
+    give the next drain. record None: no record is kept; store None: no fleet; may_share: this
+    replica may write to the store (it publishes to it)."""
+
+    def __init__(self, record: Path | None, store: ArtifactStore | None, may_share: bool, clock: Clock) -> None:
+        self.record_path, self.store, self.may_share, self._clock = record, store, may_share, clock
+        self._seen: list[float] = []  # the local record at start (or the fleet's seed)
+
+    def load(self) -> bool:
+        """At start: read the local record; True when the fleet's should seed it (seed, aside)."""
+        if self.record_path is None:
+            return False
+        self._seen = read_stop_seconds(self.record_path)
+        return self.store is not None and not self._seen
+
+    def seed(self) -> None:
+        assert self.store is not None and self.record_path is not None
+        seeded = seed(self.store, self.record_path, SEED_TIMEOUT_S)
+        if seeded:
+            self._seen = seeded
+
+    def policy(self, policy: DrainPolicy) -> DrainPolicy:
+        """`policy` with the stop reserve the measured stops give (unchanged without any)."""
+        if self.record_path is None or not (measured := read_stop_seconds(self.record_path)):
+            return policy
+        reserve = stop_reserve(measured, policy.stop_reserve_s)
+        log.info("drain: stop reserve %.1f s from %d measured stop(s), the slowest %.2f s (%s)",
+                 reserve, len(measured), max(measured), self.record_path)
+        return dataclasses.replace(policy, stop_reserve_s=reserve)
+
+    def record(self, report: DrainReport) -> None:
+        """A clean stop of TorchServe done by this drain is a measurement for the next one."""
+        stop = report.step("stop")
+        if self.record_path is None or stop is None or not stop.ok or stop.ended_epoch is None:
+            return
+        try:
+            record_stop_seconds(self.record_path, stop.ended_epoch - stop.started_epoch)
+        except OSError as err:
+            log.warning("stop record %s not written: %s", self.record_path, err)
+
+    def share(self, share_by: float) -> None:
+        """A stop measured here (by this drain, or by the entrypoint in TorchServe's container,
+        on the record both share) goes to the fleet, bounded by share_by."""
+        if self.store is None or self.record_path is None or not self.may_share:
+            return
+        timeout_s = max(share_by - self._clock(), MIN_SHARE_S)
+        share(self.store, self.record_path, self._seen, min(timeout_s, MAX_SHARE_S))
 
 
 def read_fleet(store: ArtifactStore) -> list[float]:

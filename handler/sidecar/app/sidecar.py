@@ -15,7 +15,6 @@ the preStop `drain --wait` sees the result and a native sidecar is not restarted
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -26,8 +25,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from handler.cache import ArtifactStore, CacheMetrics
+from handler.cache import CacheMetrics
 from handler.sidecar.app import cache_sync, fleet_stop, wiring
+from handler.sidecar.app.restore_record import read_restore_record
 from handler.sidecar.config import SidecarConfig, StopMethod
 from handler.sidecar.drain import admission
 from handler.sidecar.drain.control import DrainControl
@@ -35,7 +35,6 @@ from handler.sidecar.drain.deps import CachePublisher, DrainDeps
 from handler.sidecar.drain.plan import DrainPolicy, budget_warning
 from handler.sidecar.drain.report import DrainReport
 from handler.sidecar.drain.run import run_drain
-from handler.sidecar.drain.stop_record import read_stop_seconds, record_stop_seconds, stop_reserve
 from handler.sidecar.endpoints.readiness import Readiness
 from handler.sidecar.endpoints.replica_load import LoadCollector
 from handler.sidecar.endpoints.server import SidecarHttpServer
@@ -50,11 +49,8 @@ from handler.torchserve.errors import TorchServeError
 
 log = logging.getLogger(__name__)
 
-# Bounds on the fleet stop record's store calls (one small object): reading it at start, and
-# writing it after a drain (until the drain's deadline, at least MIN_SHARE_S), or when the pod's
-# SIGTERM ends the linger (the pod's grace has what TorchServe's container left of it).
-SEED_TIMEOUT_S = 10.0
-MIN_SHARE_S, MAX_SHARE_S = 0.5, 5.0
+# How long the fleet stop record's write may take when the pod's SIGTERM ends the linger (the
+# pod's grace has what TorchServe's container left of it).
 SHARE_AFTER_LINGER_S = 3.0
 
 @dataclass(frozen=True)
@@ -96,9 +92,9 @@ class Sidecar:
         self._in_flight = hooks.in_flight or wiring.config_running(config)
         # The fleet's stop record beside the cache: read by any replica with a store, written
         # only by one that may publish to it.
-        self._fleet_store = wiring.fleet_store(config, self._publisher)
-        self._stop_record = wiring.stop_record_path(config)
-        self._stops_seen: list[float] = []  # the local record after start (and the fleet's seed)
+        self.stops = fleet_stop.MeasuredStops(wiring.stop_record_path(config),
+                                              wiring.fleet_store(config, self._publisher),
+                                              isinstance(self._publisher, cache_sync.Publisher), clock)
         self._close_admission = hooks.close_admission or wiring.config_closer(config, clock)
         self.control = DrainControl(self.board, clock, config.signal_grace_s)
         self.registry.register(LoadCollector(config.model_name, self.torchserve, self._in_flight))
@@ -124,10 +120,8 @@ class Sidecar:
             self._autoscaling = wiring.aws_client(self.config, "autoscaling")
         if not self.config.restore_at_start:  # else the entrypoint exports it when it ends
             self.export_restore()
-        if self._stop_record is not None:
-            self._stops_seen = read_stop_seconds(self._stop_record)
-            if self._fleet_store is not None and not self._stops_seen:
-                self._spawn("fleet-stop-seed", self._seed_stop_record, self._fleet_store, self._stop_record)
+        if self.stops.load():
+            self._spawn("fleet-stop-seed", self.stops.seed)
         for warning in self.budget_warnings():
             log.warning("%s", warning)
         self._running = True
@@ -157,13 +151,14 @@ class Sidecar:
                 if self._lingers(notice):
                     self._linger(until)
                     share_by = self._clock() + SHARE_AFTER_LINGER_S
-                self._share_stop_record(share_by)
+                self.stops.share(share_by)
                 return report
         return None
 
     def _drain(self, notice: TerminationNotice) -> DrainReport:
         report = run_drain(notice, self.drain_deps(notice), self.drain_policy())
-        self._record_stop(report)
+        if self._stops_torchserve:  # a clean stop of TorchServe is a measurement for the next drain
+            self.stops.record(report)
         self.control.finished(report)
         if self.config.report_file:
             wiring.write_report(Path(self.config.report_file), report)
@@ -210,24 +205,7 @@ class Sidecar:
     def drain_policy(self) -> DrainPolicy:
         """The configured policy, with the stop reserve from the stops measured here or, copied
         at start, by the fleet (if any)."""
-        policy = self.config.drain_policy()
-        record = self._stop_record
-        if record is not None and (measured := read_stop_seconds(record)):
-            reserve = stop_reserve(measured, policy.stop_reserve_s)
-            log.info("drain: stop reserve %.1f s from %d measured stop(s), the slowest %.2f s (%s)",
-                     reserve, len(measured), max(measured), record)
-            policy = dataclasses.replace(policy, stop_reserve_s=reserve)
-        return policy
-
-    def _record_stop(self, report: DrainReport) -> None:
-        """A clean stop of TorchServe done by this drain is a measurement for the next one."""
-        record, stop = self._stop_record, report.step("stop")
-        if record is None or stop is None or not stop.ok or stop.ended_epoch is None or not self._stops_torchserve:
-            return
-        try:
-            record_stop_seconds(record, stop.ended_epoch - stop.started_epoch)
-        except OSError as err:
-            log.warning("stop record %s not written: %s", record, err)
+        return self.stops.policy(self.config.drain_policy())
 
     def budget_warnings(self) -> list[str]:
         """One line per notice this sidecar can get whose drain would leave the in-flight wait
@@ -240,29 +218,12 @@ class Sidecar:
 
     # ---- pieces
 
-    def _seed_stop_record(self, store: ArtifactStore, record: Path) -> None:
-        seeded = fleet_stop.seed(store, record, SEED_TIMEOUT_S)
-        if seeded:
-            self._stops_seen = seeded
-
-    def _share_stop_record(self, share_by: float) -> None:
-        """A stop measured here (by this drain, or by the entrypoint in TorchServe's container,
-        on the record both share) goes to the fleet, bounded by share_by."""
-        if self._fleet_store is None or self._stop_record is None or not self._may_share:
-            return
-        timeout_s = max(share_by - self._clock(), MIN_SHARE_S)
-        fleet_stop.share(self._fleet_store, self._stop_record, self._stops_seen, min(timeout_s, MAX_SHARE_S))
-
-    @property
-    def _may_share(self) -> bool:
-        return isinstance(self._publisher, cache_sync.Publisher)
-
     def export_restore(self) -> None:
         """The restore ran in another process (an init container) or thread (the entrypoint's
         restore_at_start): its record carries the outcome and the store's counters here."""
         if self.cache_metrics is None or not self.config.cache_dir:
             return
-        record = cache_sync.read_restore_record(Path(self.config.cache_dir))
+        record = read_restore_record(Path(self.config.cache_dir))
         if record is None:
             return
         self.metrics.cache_restores.labels(outcome=record.outcome).inc()

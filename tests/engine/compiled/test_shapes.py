@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from handler.engine.compiled.shapes import Shape, serving_shapes
+from handler.engine.compiled.shapes import Shape, decode_window, serving_shapes
 from handler.engine.config import EngineConfig
 from handler.engine.sampling import SamplingParams
 from tests.support.tiny_model import CharTokenizer, counting_engine
@@ -52,3 +52,10 @@ def test_every_call_the_engine_makes_is_a_serving_shape():
     assert all(batch <= CFG.max_batch_size for batch, _, _ in seen)
     assert all((batch, kv_len) in decode for batch, kv_len in steps.of("decode"))
     assert Shape(1, 64, 64) in serving_shapes("prefill", CFG)
+
+
+def test_decode_window_covers_the_positions_in_few_shapes():
+    for positions in range(1, 2049):
+        window = decode_window(positions, 2048)
+        assert positions <= window <= 2048 and window % 64 == 0 and window - positions < 64
+    assert decode_window(10, 40) == 40, "capped at max_seq_len"
