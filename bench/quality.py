@@ -124,7 +124,8 @@ def markdown(r: dict) -> str:
 
 `.venv/bin/python -m bench.quality` on {r['versions']['machine']} ({r['versions']['cpu_profile']}): each GGUF
 file against its own weights dequantized with float32 activations and KV cache (the reference), ours
-(the path a worker serves the file on, `activations: {r['activations']}`) beside llama.cpp
+(the path a worker serves the file on, `activations: {r['activations']}`; eager steps, which call the
+same kernels as the compiled ones) beside llama.cpp
 (`llama-perplexity`, its defaults: 8-bit activations, float16 KV), on the same
 {next(iter(r['paths'].values()))['positions'] if r['paths'] else 0} scored positions of
 `bench/data/{r['text']}` (chunks of {r['ctx']} tokens, the second half of each scored). Top-1: the same
