@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ def measure(gguf: Path, build: dict, ctx: int, tmp: Path) -> dict:
     reported, saved_path = llama_perplexity(build, gguf, ctx, tmp)
     saved, bos = Saved(saved_path), first_token(gguf)
     ckpt = stage_gguf(gguf, tmp / gguf.stem)
-    common = {"checkpoint_dir": ckpt, "compile": "eager", "max_batch_size": 1, "max_seq_len": saved.n_ctx}
+    common: dict[str, Any] = {"checkpoint_dir": ckpt, "compile": "eager", "max_batch_size": 1, "max_seq_len": saved.n_ctx}
     reference, reference_path = log_probs(EngineConfig(**common, quantization="none", dtype="float32"), saved, bos)
     ours, path = log_probs(EngineConfig(**common), saved, bos)
     theirs = [saved.log_probs(chunk) for chunk in range(len(saved.tokens))]
