@@ -31,5 +31,7 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: f
     sequence b sees; scores times `scale`. Returns [B, H, T, D] in values' dtype, computed in float32."""
     if not torch.compiler.is_compiling():
         build.load()  # (cached) eager calls
-    out = torch.ops.ts_llm.attention(q.float().contiguous(), keys, values, visible, scale)
+    # the op makes q contiguous itself: asked here, a graph with an unbacked batch would have to
+    # guard on the batch's size
+    out = torch.ops.ts_llm.attention(q.float(), keys, values, visible, scale)
     return out.to(values.dtype)
