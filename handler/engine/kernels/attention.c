@@ -165,7 +165,7 @@ typedef struct {
     int bf16;
     const uint8_t *visible;  /* [B, T, S] bool: which positions query t of sequence b sees */
     float *partial;          /* [B, H, t1 - t0, blocks, D + 2]: each row's blocks' max, sum, weighted values */
-    float *out;              /* [B, H, T, D] */
+    float *out;              /* [B, H, T, D], laid out as [B, T, H, D] */
     const int32_t *ends;     /* [B, tiles, blocks]: how far into the block the tile's queries see (0: nothing) */
     const int64_t *items;    /* the (b, KV head, tile, block) indices whose end is not 0, in that order */
     int64_t B, H, KV, T, S, D, blocks;
@@ -345,7 +345,7 @@ static void attn_merge(const void *loop, int64_t r0, int64_t r1) {
         const int64_t t = a->t0 + r % rows, h = r / rows % a->H, b = r / rows / a->H;
         const int32_t *ends = a->ends + (b * tiles + (t - a->t0) / a->tile) * a->blocks;  /* 0: no item, no partial */
         const float *first = attn_partial(a, b, h, t);
-        float top = -INFINITY, sum = 0.0f, *y = a->out + ((b * a->H + h) * a->T + t) * D;
+        float top = -INFINITY, sum = 0.0f, *y = a->out + ((b * a->T + t) * a->H + h) * D;
         for (int64_t i = 0; i < a->blocks; i++)
             if (ends[i]) top = first[i * (D + 2)] > top ? first[i * (D + 2)] : top;
         memset(y, 0, D * sizeof(float));
@@ -389,7 +389,7 @@ static int64_t attn_plan(const AttentionLoop *a, int32_t *ends, int64_t *items) 
     return count;
 }
 
-/* out [B, H, T, D] float32: softmax(q k^T * scale, over each query's visible positions) v. q [B, H, T, D]
+/* out [B, H, T, D] float32, laid out as [B, T, H, D] (the heads of a query side by side): softmax(q k^T * scale, over each query's visible positions) v. q [B, H, T, D]
  * float32 (T new queries per sequence: 1 in a decode step, a prompt's chunk in prefill); k, v
  * [B, KV, S, D] bfloat16 (bf16 = 1) or float32, strided; visible [B, T, S] bool. A query's result does
  * not depend on T, the batch or the threads: a position decoded alone gets the bits prefill gives it.

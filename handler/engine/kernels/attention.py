@@ -22,7 +22,8 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, Tensor visible, float scale
 @torch.library.register_fake("ts_llm::attention")
 def _(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
     build.load()  # a graph being traced will call the CPU kernel
-    return q.new_empty(q.shape, dtype=torch.float32)
+    b, h, t, d = q.shape
+    return torch.empty_strided((b, h, t, d), (t * h * d, d, h * d, 1), dtype=torch.float32, device=q.device)
 
 
 def attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:

@@ -152,7 +152,8 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
 
 Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale) {
     // q [B, H, T, D] float32; k, v [B, KV, S, D] bfloat16 or float32, any strides but a unit last one (the
-    // KV cache's slots, heads and positions); visible [B, T, S] bool. Returns [B, H, T, D] float32 (attention.c).
+    // KV cache's slots, heads and positions); visible [B, T, S] bool. Returns [B, H, T, D] float32 (attention.c),
+    // strided as [B, T, H, D].
     STD_TORCH_CHECK(q.dim() == 4 && q.scalar_type() == ScalarType::Float, "attention: q must be float32 [B, H, T, D], got ",
                     q.scalar_type(), " ", shape_of(q));
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
@@ -170,7 +171,9 @@ Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale)
                     "attention: visible must be bool [B, T, S] = [", B, ", ", T, ", ", S, "], got ", shape_of(visible));
     const Tensor rows = q.is_contiguous() ? q : torch::stable::contiguous(q);
     const Tensor seen = visible.is_contiguous() ? visible : torch::stable::contiguous(visible);
-    std::vector<int64_t> sizes{B, H, T, D}, strides{H * T * D, T * D, D, 1};
+    // laid out as [B, T, H, D], as SDPA returns it: the model's transpose(1, 2) is then contiguous and its
+    // reshape a view, with no guard on an unbacked batch
+    std::vector<int64_t> sizes{B, H, T, D}, strides{T * H * D, D, H * D, 1};
     AtenTensorHandle handle = nullptr;
     STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(4, sizes.data(), strides.data(), aoti_torch_dtype_float32(),
                                                            aoti_torch_device_type_cpu(), 0, &handle));
