@@ -169,9 +169,7 @@ def score(cfg: EngineConfig, saved: Saved, bos: int | None) -> dict:
     for chunk, logits in enumerate(chunk_logits(loaded.model, saved, bos)):
         targets = saved.targets(chunk)
         nll += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
-        theirs = saved.codes(chunk)
-        # a tie at llama.cpp's 16-bit resolution counts as agreement
-        agree += int((theirs.gather(1, logits.argmax(-1)[:, None])[:, 0] == theirs.max(-1).values).sum())
+        agree += int(saved.is_top(chunk, logits.argmax(-1)).sum())
         total += len(targets)
     print(f"{loaded.path}: top-1 agreement {agree / total:.4f} over {total} positions", flush=True)
     return {"path": loaded.path, "positions": total, "agreement": round(agree / total, 4),

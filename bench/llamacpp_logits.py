@@ -57,6 +57,12 @@ class Saved:
         """[scored, V] int32."""
         return torch.from_numpy(self._rows[chunk, :, 4:4 + self.n_vocab].astype(np.int32))
 
+    def is_top(self, chunk: int, tokens: torch.Tensor) -> torch.Tensor:
+        """[scored] bool: whether tokens [scored] are llama.cpp's most likely there (a tie at its
+        16-bit resolution counts)."""
+        codes = self.codes(chunk)
+        return codes.gather(1, tokens[:, None])[:, 0] == codes.max(-1).values
+
     def log_probs(self, chunk: int) -> torch.Tensor:
         """[scored, V] float32; tokens below the window get its floor."""
         head = torch.from_numpy(np.ascontiguousarray(self._rows[chunk, :, :4]).view(np.float32).copy())  # [scored, 2]

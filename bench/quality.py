@@ -63,12 +63,8 @@ def against(reference: list[torch.Tensor], path: list[torch.Tensor], saved: Save
     agree = kl = nll = nll_ref = 0.0
     total = 0
     for chunk, (ref, got) in enumerate(zip(reference, path, strict=True)):
-        targets, best = saved.targets(chunk)[:, None], ref.argmax(-1, keepdim=True)
-        if ties:
-            codes = saved.codes(chunk)
-            agree += float((codes.gather(1, best)[:, 0] == codes.max(-1).values).sum())
-        else:
-            agree += float((got.argmax(-1, keepdim=True) == best).sum())
+        targets, best = saved.targets(chunk)[:, None], ref.argmax(-1)
+        agree += float((saved.is_top(chunk, best) if ties else got.argmax(-1) == best).sum())
         kl += float((ref.exp() * (ref - got)).sum())
         nll -= float(got.gather(1, targets).sum())
         nll_ref -= float(ref.gather(1, targets).sum())
