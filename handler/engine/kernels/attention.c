@@ -248,7 +248,7 @@ static inline float attn_mask_scale(float *row, const uint8_t *seen, int64_t n, 
 }
 
 /* The R rows' (ATTN_ROWS or 1) partial softmax over the block's n positions: scores (rows ATTN_BLOCK apart), each row's
- * max, scale and mask, its terms and sum, then its weighted values, into parts (rows part_stride apart). */
+ * max, scale and mask, its terms and sum, then its weighted values, into parts[r] [D + 2]. */
 static void attn_rows_block(const AttentionLoop *a, int R, const float *const *q, const float *keys_t,
                             const float *values, const uint8_t *const *seen, int64_t n, float *scores, float *const *parts) {
     const int64_t D = a->D, chunks = (n + ATTN_CHUNK - 1) / ATTN_CHUNK, padded = (n + 7) / 8 * 8;
@@ -318,8 +318,8 @@ static void attn_items(const void *loop, int64_t i0, int64_t i1) {
         const int64_t n = a->ends[(b * tiles + tile) * a->blocks + block];
         attn_union(seen, S, queries, n, used);
         attn_load_block(a, (const char *)a->k + (b * a->k_strides[0] + head * a->k_strides[1]) * elem,
-                            (const char *)a->v + (b * a->v_strides[0] + head * a->v_strides[1]) * elem, s0, used, n,
-                            keys_t, values);
+                        (const char *)a->v + (b * a->v_strides[0] + head * a->v_strides[1]) * elem, s0, used, n, keys_t,
+                        values);
         for (int64_t i0r = 0, R; i0r < queries * G; i0r += R) {
             R = queries * G - i0r < ATTN_ROWS ? 1 : ATTN_ROWS;  /* the last rows one at a time */
             const float *q[ATTN_ROWS];
