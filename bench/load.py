@@ -47,6 +47,7 @@ class Record:
     chunks: list[float] = field(default_factory=list)  # when each content chunk arrived
     end: float = 0.0  # 0.0 while in flight
     completion_tokens: int = 0  # the server's usage count
+    prompt_tokens: int = 0  # ... and of the prompt
     outcome: str = ""  # the run's verdict (ClosedLoop's send)
     error: str | None = None  # what went wrong; a malformed request's fault
 
@@ -101,6 +102,7 @@ def _one(session, url, headers, body, stream, timeout, cid) -> Record:
             rec.end = time.perf_counter()
             if r.status_code == 200 and usage is not None:
                 rec.completion_tokens = usage.get("completion_tokens", 0)
+                rec.prompt_tokens = usage.get("prompt_tokens", 0)
     except (requests.RequestException, ValueError) as err:
         rec.error = f"{type(err).__name__}: {err}"
         rec.end = time.perf_counter()

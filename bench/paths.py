@@ -31,6 +31,7 @@ from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.compiled import aot
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.kernels import build, matvec
+from handler.engine.kv_pages import own_pages, page_columns
 from handler.engine.model import packed
 from handler.engine.model.linear import Linear
 
@@ -92,14 +93,14 @@ def decode_tokens_per_s(checkpoint: Path, dtype: str, use_kernel: bool) -> tuple
     if use_kernel:
         build.load()
         model.use_matvec()
-    model.setup_cache(1, 256)
+    model.setup_cache(page_columns(256), 256)
     step = torch.compile(model.decode, fullgraph=True, dynamic=False)
-    token, pos = torch.zeros(1, dtype=torch.long), torch.tensor([60])
+    token, pages, pos = torch.zeros(1, dtype=torch.long), own_pages(1, 256), torch.tensor([60])
     with torch.no_grad(), aot.trace_settings():
         start = time.perf_counter()
-        step(token, pos, 64)
+        step(token, pages, pos, 64)
         compile_s = time.perf_counter() - start
-        per_step = best_seconds(lambda: [step(token, pos, 64) for _ in range(10)], "cpu", REPEATS) / 10
+        per_step = best_seconds(lambda: [step(token, pages, pos, 64) for _ in range(10)], "cpu", REPEATS) / 10
     torch._dynamo.reset()
     return 1 / per_step, compile_s
 

@@ -299,7 +299,8 @@ def llamacpp_server(kind: str, build: dict, gguf: Path, args, tmp: Path) -> Iter
 def start_llamacpp(kind: str, build: dict, gguf: Path, args, tmp: Path, retry: bool = True) -> llamacpp.LlamaServer | None:
     """A healthy llama-server, or None when it segfaulted while loading and `retry` allows another build."""
     server = llamacpp.LlamaServer(build["binaries"]["llama-server"], gguf, free_port(), args.threads,
-                                  args.batch_size, args.ctx, tmp / f"llama-server-{kind}.log")
+                                  args.batch_size, args.ctx, tmp / f"llama-server-{kind}.log",
+                                  unified=getattr(args, "kv_unified", False))
     try:
         server.wait_ready()
         return server

@@ -241,10 +241,12 @@ def _write(command, path: Path, env: dict | None = None) -> None:
 class LlamaServer:
     """llama-server on loopback: -np slots, a shared context of ctx tokens, `cores` threads."""
 
-    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path):
+    def __init__(self, binary: str, gguf: Path, port: int, cores: int, slots: int, ctx: int, log: Path,
+                 unified: bool = False):
+        """`unified`: the slots share the ctx positions as one pool (--kv-unified), else each gets ctx / slots."""
         self.url = f"http://127.0.0.1:{port}"
         cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(cores),
-               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui"]
+               "-tb", str(cores), "-np", str(slots), "-c", str(ctx), "--no-webui", *(["--kv-unified"] if unified else [])]
         self.args = [gguf.name if a == str(gguf) else a for a in cmd[1:]]  # for the results: no machine path
         self.log = log
         self._out = log.open("w")

@@ -42,8 +42,11 @@ class EngineConfig:
     # handler.engine.platform.resolve replaces it before anything is loaded, so a built engine's config is concrete.
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
-    max_batch_size: int = 32  # KV-cache slots: sequences decoded together
+    max_batch_size: int = 32  # slots: sequences decoded together
     max_seq_len: int = 2048  # prompt + generated tokens per sequence
+    # The KV cache's positions, one pool every sequence takes pages of as it grows (handler.engine.kv_pages);
+    # 0: max_batch_size x max_seq_len. At least max_seq_len: one request may fill the whole context.
+    kv_tokens: int = 0
     compile: Literal["inductor", "eager"] = "inductor"
     on_compile_error: Literal["raise", "eager"] = "raise"
     # A verified AOT artifact: "background" serves eager steps while it loads (~2-3 s) and then
@@ -103,6 +106,14 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be a positive multiple of 16, got {self.prefill_chunk}")
         if self.max_batch_size < 1 or self.max_seq_len < 32:
             raise ValueError(f"need max_batch_size >= 1 and max_seq_len >= 32, got {self.max_batch_size}, {self.max_seq_len}")
+        if self.kv_tokens and self.kv_tokens < self.max_seq_len:
+            raise ValueError(f"kv_tokens must be 0 (max_batch_size x max_seq_len) or at least max_seq_len "
+                             f"({self.max_seq_len}), got {self.kv_tokens}")
+
+    @property
+    def kv_budget(self) -> int:
+        """The KV cache's positions, shared by every sequence."""
+        return self.kv_tokens or self.max_batch_size * self.max_seq_len
 
     @property
     def torch_dtype(self) -> torch.dtype:

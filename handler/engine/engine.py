@@ -1,4 +1,4 @@
-"""The generation engine: a fixed set of KV-cache slots, batched prefill and decode.
+"""The generation engine: a fixed set of slots over one pool of KV pages, batched prefill and decode.
 
 Requests are added into free slots, then each `step()` prefills the next chunk of the newly added
 ones (at most `prefill_chunk` padded tokens a step, so a long prompt does not stall the running
@@ -9,9 +9,16 @@ way, so a cached prompt gives the same greedy text; a prompt the cache holds nee
 Finished sequences free their slot at once, so a waiting request can take it before the next
 step: this is what continuous batching needs.
 
-A slot keeps its KV after its sequence ends (handler.engine.prefix_cache records which tokens):
-with prefix caching a new prompt that shares a prefix with what some slot holds prefills only the
-rest, in that slot or after copying the prefix from it. The engine holds no threads and does no
+The KV cache is one budget of pages (handler.engine.kv_pages), not max_seq_len positions per slot:
+a sequence gets pages as it grows, so one request may use the whole context while short ones share
+the rest. A request is added only when the pages its prompt and max_new_tokens could fill are not
+promised to running ones (EngineFull: the caller keeps it waiting), so a running stream never
+runs out of pages and none is ever evicted; what idle slots keep for the prefix cache is given up,
+least recently used first, when pages run short.
+
+A slot keeps its KV pages after its sequence ends (handler.engine.prefix_cache records which
+tokens): with prefix caching a new prompt that shares a prefix with what some slot holds prefills
+only the rest, in that slot or sharing the prefix's pages with it. The engine holds no threads and does no
 I/O; the TorchServe handler drives it.
 """
 from __future__ import annotations
@@ -24,29 +31,34 @@ from torch import Tensor
 from handler.engine import EngineError
 from handler.engine.compiled.shapes import PREFILL_PAD, decode_window, prefill_width
 from handler.engine.grammar import GrammarError, Grammars, Matcher
+from handler.engine.kv_pages import PAGE, pages_for
 from handler.engine.next_token import constrain, record
-from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
+from handler.engine.prefix_cache import BLOCK, common_prefix
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
 from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, restore
+from handler.engine.slot_memory import CopyPageFn, SlotMemory
 from handler.engine.tokenizer import Tokenizer
 
-# (tokens[B,T], slot_ids[B], start_pos[B], last_index[B], kv_len) -> logits[B,V]: see Transformer.prefill
+# (tokens[B,T], pages[B,N], start_pos[B], last_index[B], kv_len) -> logits[B,V]: see Transformer.prefill
 PrefillFn = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
-DecodeFn = Callable[[Tensor, Tensor, int], Tensor]  # (tokens[B], input_pos[B], kv_len) -> logits[B,V]
-CopyPrefixFn = Callable[[int, int, int], None]  # (src slot, dst slot, positions): KV of 0..positions-1
+DecodeFn = Callable[[Tensor, Tensor, Tensor, int], Tensor]  # (tokens[B], pages[B,N], input_pos[B], kv_len) -> logits[B,V]
 
 
 class EngineFull(EngineError, RuntimeError):
-    """Every slot is taken; the caller keeps the request waiting."""
+    """Too few slots or unpromised KV pages for the request now; the caller keeps it waiting."""
 
 
 class Engine:
     def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int,
-                 device: torch.device, copy_prefix: CopyPrefixFn | None = None, grammars: Grammars | None = None,
-                 prefill_chunk: int = 512, prefix_caching: bool = False):
+                 device: torch.device, copy_page: CopyPageFn | None = None, grammars: Grammars | None = None,
+                 prefill_chunk: int = 512, prefix_caching: bool = False, pages: int | None = None):
+        """`pages`: the KV cache's pages of PAGE positions (default: max_seq_len positions per slot),
+        at least a whole context's."""
         assert prefill_chunk % PREFILL_PAD == 0, prefill_chunk
-        assert copy_prefix is not None or not prefix_caching, "prefix caching copies prefixes between slots"
-        self._prefill, self._decode, self._copy_prefix = prefill, decode, copy_prefix
+        assert copy_page is not None or not prefix_caching, "prefix caching shares pages between slots"
+        pages = slots * pages_for(max_seq_len) if pages is None else pages
+        assert pages >= pages_for(max_seq_len), f"{pages} pages hold less than one context of {max_seq_len}"
+        self._prefill, self._decode = prefill, decode
         self.grammars = grammars  # None: requests with a json_schema are refused
         self.tokenizer = tokenizer
         self._eos_ids = sorted(tokenizer.eos_ids)  # masked for ignore_eos requests
@@ -55,7 +67,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk  # padded prompt tokens prefilled per step, all sequences together
         self.prefix_caching = prefix_caching
         self._slots: list[Sequence | None] = [None] * slots
-        self._cache = PrefixCache(slots)  # what each slot holds, kept track of with caching off too
+        self._memory = SlotMemory(slots, pages, max_seq_len, copy_page)
         self._waiting: list[Sequence] = []  # added, prompt not yet all prefilled; in arrival order
 
     # ---- admission -------------------------------------------------------------------------
@@ -71,6 +83,21 @@ class Engine:
     def running(self) -> int:
         return len(self._slots) - self.free_slots
 
+    @property
+    def pages(self) -> int:
+        return self._memory.table.pages
+
+    def fits(self, prompt_len: int, params: list[SamplingParams]) -> bool:
+        """Whether add_samples would take these samples now: slots free and pages unpromised."""
+        need = sum(pages_for(prompt_len + p.max_new_tokens) for p in params)
+        return self.free_slots >= len(params) and need <= self._unpromised()
+
+    def _unpromised(self) -> int:
+        """Pages no running sequence may still fill: each is promised what its prompt and
+        max_new_tokens could (handler.engine.slot_memory)."""
+        promised = sum(pages_for(len(s.prompt_ids) + s.params.max_new_tokens) for s in self._slots if s is not None)
+        return self.pages - promised
+
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.add_samples(request_id, prompt_ids, [params])
 
@@ -82,11 +109,14 @@ class Engine:
         assert prompt_ids, "empty prompt"
         assert resume is None or len(params) == 1, "a resumed generation is one sample"
         assert all(len(prompt_ids) + p.max_new_tokens <= self.max_seq_len for p in params), len(prompt_ids)
-        assert len(params) == 1 or self._copy_prefix is not None, "no copy_prefix: one sample per prompt"
+        assert len(params) == 1 or self._memory.can_share, "no copy_page: one sample per prompt"
         if not self.free_slots:
             raise EngineFull(f"all {len(self._slots)} slots are busy")
         if self.free_slots < len(params):
             raise EngineFull(f"{self.free_slots} of {len(self._slots)} slots are free, {len(params)} asked")
+        if not self.fits(len(prompt_ids), params):
+            raise EngineFull(f"the KV cache's {self.pages} pages of {PAGE} positions are promised to running "
+                             f"requests but {self._unpromised()}")
         matchers = [self._matcher(p) for p in params]  # GrammarError before any slot is taken
         leader = None
         context = list(prompt_ids) + list(resume.output_ids) if resume is not None else prompt_ids
@@ -107,7 +137,7 @@ class Engine:
 
     def _free_slot(self, prompt_ids: list[int]) -> int:
         taken = [s is not None for s in self._slots]
-        return self._cache.free_slot(taken, prompt_ids if self.prefix_caching else [])
+        return self._memory.cache.free_slot(taken, prompt_ids if self.prefix_caching else [])
 
     def _matcher(self, params: SamplingParams) -> Matcher | None:
         if params.json_schema is None:
@@ -181,7 +211,7 @@ class Engine:
             return
         slots = sorted(s.slot for s in unstarted)
         # a sample after a request's first copies its prefix: any slot does
-        best = self._cache.best_slots([s.context if s.leader is None else [] for s in unstarted], slots)
+        best = self._memory.cache.best_slots([s.context if s.leader is None else [] for s in unstarted], slots)
         rest = iter(slot for slot in slots if slot not in best)
         for s, slot in zip(unstarted, best):
             s.slot = next(rest) if slot is None else slot
@@ -190,68 +220,38 @@ class Engine:
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         if not self.prefix_caching:
             return False
-        _, cached = self._cache.longest(seq.context)
+        _, cached = self._memory.cache.longest(seq.context)
         return any(common_prefix(s.context, seq.context) >= cached + BLOCK
                    for s in self._waiting if s.started and s.leader is None)
 
     def _start(self, seq: Sequence) -> None:
-        """Settle the cached prefix the sequence's prefill starts after: what its own slot holds,
-        or what another slot holds, copied over (up to the prompt's last token, which decode
-        takes)."""
+        """Settle the cached prefix the sequence's prefill starts after (up to the prompt's last
+        token, which decode takes)."""
         seq.started = True
-        if self.prefix_caching:
-            source, n = self._cache.longest(seq.context, prefer=seq.slot)
-            n = min(n, seq.prefill_end)
-            self._park(seq.slot, keep=n if source == seq.slot else 0, busy=source)
-        else:
-            source, n = None, 0
-        if source is not None and source != seq.slot and n > 0:
-            self._copy(source, seq.slot, seq.context[:n])
-        self._cache.truncate(seq.slot, n)
-        seq.prefilled = seq.cached_tokens = n
+        seq.prefilled = seq.cached_tokens = self._memory.settle(seq.slot, seq.context, seq.prefill_end, self._idle(),
+                                                                self.prefix_caching)
 
-    def _park(self, slot: int, keep: int, busy: int | None) -> None:
-        """Before `slot`'s tokens after `keep` are overwritten, copy what it holds into the least
-        recently used free slot (not `busy`, the new prompt's source), unless another slot holds
-        it too: the cache keeps up to one prefix a slot however few requests run at once, as
-        llama.cpp's prompt cache does (a lone request always decodes in slot 0). Only while at least
-        half the slots are free: under load prompts stay spread over the slots anyway, and a copy
-        per admission would take step time."""
-        held = self._cache.held(slot)
-        if len(held) <= keep or self.free_slots * 2 < len(self._slots):
-            return
-        others = [i for i, s in enumerate(self._slots) if i != slot]
-        if self._cache.longest(held, among=others)[1] >= len(held):
-            return
-        spare = [i for i in others if self._slots[i] is None and i != busy]
-        if spare:
-            self._copy(slot, self._cache.least_recently_used(spare), list(held))
-
-    def _copy(self, source: int, slot: int, tokens: list[int]) -> None:
-        """The KV of `tokens`, the first positions of slot `source`, into `slot`."""
-        assert self._copy_prefix is not None, "prefix caching copies prefixes between slots"
-        self._copy_prefix(source, slot, len(tokens))
-        self._cache.truncate(slot, 0)
-        self._cache.extend(slot, tokens)
-        self._cache.touch(source)
+    def _idle(self) -> list[int]:
+        return [i for i, s in enumerate(self._slots) if s is None]
 
     def _run_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> Tensor:
         width = prefill_width(max(n for _, _, n in chunks), min(self.prefill_chunk, self.max_seq_len))
         tokens = torch.zeros(len(chunks), width, dtype=torch.long)
         for row, (s, start, n) in enumerate(chunks):
             tokens[row, :n] = torch.tensor(s.context[start:start + n])
-        slot_ids = torch.tensor([s.slot for s, _, _ in chunks])
+            self._memory.grow(s.slot, start + n, self._idle())
+        pages = self._memory.table.tensor([s.slot for s, _, _ in chunks], self.device)
         start_pos = torch.tensor([start for _, start, _ in chunks])
         last = torch.tensor([n - 1 for _, _, n in chunks])
         kv_len = decode_window(max(start + n for _, start, n in chunks), self.max_seq_len)
-        tokens, slot_ids, start_pos, last = (t.to(self.device) for t in (tokens, slot_ids, start_pos, last))
-        return self._prefill(tokens, slot_ids, start_pos, last, kv_len)
+        tokens, start_pos, last = (t.to(self.device) for t in (tokens, start_pos, last))
+        return self._prefill(tokens, pages, start_pos, last, kv_len)
 
     def _prefilled(self, chunks: list[tuple[Sequence, int, int]], logits: Tensor) -> None:
         # logits (of each chunk's last row) unused: a prompt's last token is decoded
         for s, start, n in chunks:
             s.prefilled = start + n
-            self._cache.extend(s.slot, s.context[start:start + n])
+            self._memory.cache.extend(s.slot, s.context[start:start + n])
 
     def _start_decoding(self) -> None:
         """Each request whose prompt is prefilled up to its last token joins decode, with its
@@ -259,35 +259,30 @@ class Engine:
         for s in [s for s in self._waiting if s.started and s.leader is None and s.prefilled == s.prefill_end]:
             for f in [s] + [f for f in self._waiting if f.leader is s]:
                 if f is not s:
-                    self._copy(s.slot, f.slot, f.context[:f.prefill_end])
+                    self._memory.share(s.slot, f.slot, f.context[:f.prefill_end], self._idle())
                     f.prefilled, f.started, f.cached_tokens = f.prefill_end, True, s.cached_tokens
                 f.decoding = True
         self._waiting = [s for s in self._waiting if not s.decoding]
 
     # ---- decode ----------------------------------------------------------------------------
     def _run_decode(self, seqs: list[Sequence]) -> Tensor:
-        # Decode covers slots 0..n-1. A slot it does not run computes a row nobody reads, which
-        # writes its KV just past what the slot holds: no cached prefix is overwritten.
-        n = max(s.slot for s in seqs) + 1
-        tokens = torch.zeros(n, dtype=torch.long)
-        pos = torch.tensor([len(self._cache.held(i)) for i in range(n)])
         for s in seqs:
-            tokens[s.slot], pos[s.slot] = s.last_token, s.next_pos
+            self._memory.grow(s.slot, s.next_pos + 1, self._idle())
+        tokens = torch.tensor([s.last_token for s in seqs])
+        pos = torch.tensor([s.next_pos for s in seqs])
         kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)
-        logits = self._decode(tokens.to(self.device), pos.to(self.device), kv_len)
+        logits = self._decode(tokens.to(self.device), self._memory.table.tensor([s.slot for s in seqs], self.device),
+                              pos.to(self.device), kv_len)
         for s in seqs:
-            self._cache.extend(s.slot, [s.last_token])
-        slots = [s.slot for s in seqs]
-        if slots == list(range(n)):
-            return logits  # every row is a running sequence's, in order: the graph's output is this step's own
-        return logits[torch.tensor(slots, device=logits.device)]
+            self._memory.cache.extend(s.slot, [s.last_token])
+        return logits
 
     def _advance(self, seqs: list[Sequence], logits: Tensor) -> list[StepOutput]:
-        # logits: [len(seqs), V], this step's own (the graph's output, or its rows indexed out of it)
+        # logits: [len(seqs), V], row i sequence i's
         constrain(seqs, logits, self._eos_ids)
         next_ids = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
         outputs = [record(s, t, logits[row], self.tokenizer, self.max_seq_len) for row, (s, t) in enumerate(zip(seqs, next_ids))]
         for s in seqs:
             if s.finish_reason is not None:
-                self._slots[s.slot] = None
+                self._slots[s.slot] = None  # its pages stay, for the prefix cache
         return outputs

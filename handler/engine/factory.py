@@ -33,6 +33,7 @@ from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
 from handler.engine.kernels import build as kernels, threads
 from handler.engine.kernels.threads import ThreadSettings
+from handler.engine.kv_pages import pages_for
 from handler.engine.model.transformer import Transformer
 from handler.engine.tokenizer import Tokenizer
 
@@ -76,6 +77,6 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     tokenizer = Tokenizer.from_dir(ckpt.path)
     grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
-                    torch.device(cfg.device), copy_prefix=model.copy_prefix, grammars=grammars,
-                    prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching)
+                    torch.device(cfg.device), copy_page=model.copy_page, grammars=grammars,
+                    prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching, pages=pages_for(cfg.kv_budget))
     return LoadedEngine(engine, model, steps, path, settings)

@@ -5,8 +5,9 @@ records here which tokens have valid KV at positions 0..n-1 of each slot (prompt
 tokens as decode writes them). Lookups go through a hash chain over full blocks of BLOCK tokens
 (a block's hash covers every token before it; shorter prefixes are compared slot by slot), and a
 match is then confirmed token by token, so a hash collision costs a comparison, never a wrong
-prefix. Bounded by the slots themselves: the least recently used free slot is the one given to a
-prompt no slot shares.
+prefix. Bounded by the slots and the KV pages: the least recently used free slot is the one given
+to a prompt no slot shares, and the engine takes back the pages of the least recently used ones
+when pages run short.
 """
 from __future__ import annotations
 
@@ -93,17 +94,12 @@ class PrefixCache:
         return best
 
     def free_slot(self, taken: list[bool], prompt: list[int]) -> int:
-        """The slot a new sequence takes (taken[i]: slot i is busy): a free slot below the highest
-        taken one (decode computes its row anyway), the one holding the longest prefix of the
-        prompt (empty: prefix caching is off), else the one least recently used; else the lowest
-        free slot, which keeps decode's batch as small as it can be (a lone request decodes at
-        batch 1, its fastest graph). A prefix held elsewhere is copied over when the prefill starts."""
-        highest = max((i for i, busy in enumerate(taken) if busy), default=-1)
-        inside = [i for i in range(highest) if not taken[i]]
-        if not inside:
-            return taken.index(False)
-        slot, _ = self.longest(prompt, among=inside) if prompt else (None, 0)
-        return slot if slot is not None else self.least_recently_used(inside)
+        """The slot a new sequence takes (taken[i]: slot i is busy): the free one holding the longest
+        prefix of the prompt (empty: prefix caching is off), else the one least recently used. A
+        prefix held elsewhere is shared when the prefill starts."""
+        free = [i for i, busy in enumerate(taken) if not busy]
+        slot, _ = self.longest(prompt, among=free) if prompt else (None, 0)
+        return slot if slot is not None else self.least_recently_used(free)
 
     def least_recently_used(self, slots: Iterable[int]) -> int:
         return min(slots, key=self._last_used.__getitem__)

@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", **flag(EngineConfig, "compile"))
     p.add_argument("--on-compile-error", **flag(EngineConfig, "on_compile_error"))
     p.add_argument("--max-seq-len", **flag(EngineConfig, "max_seq_len"))
+    p.add_argument("--kv-tokens", **flag(EngineConfig, "kv_tokens"),
+                   help="the KV cache's positions, shared by every sequence (0: batch size x max seq len)")
     p.add_argument("--max-new-tokens-cap", **flag(HandlerConfig, "max_new_tokens_cap"))
     p.add_argument("--continuous-call-ms", **flag(HandlerConfig, "continuous_call_ms"),
                    help="continuous batching: how long one call may go on decoding while every request in it goes on "
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"dtype": args.dtype, "packed_weights": args.packed_weights, "device": args.device,
                    "compile": args.compile, "quantization": args.quantization, "group_size": args.group_size,
                    "activations": args.activations, "threading": args.threading,
-                   "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len,
+                   "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len, "kv_tokens": args.kv_tokens,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
         for option in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_public_key",

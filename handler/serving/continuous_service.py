@@ -98,14 +98,14 @@ class ContinuousService(BaseService):
         return {(rid, i) for rid, live in self.live.items() for i, sample in enumerate(live.samples) if any(sample.text)}
 
     def _start_waiting(self) -> dict[str, Reply]:
-        """Start accepted requests in arrival order while their samples fit in the free slots. An
+        """Start accepted requests in arrival order while they fit (slots and KV pages). An
         HTTP request that does not fit waits (its replies are empty pieces until it runs); a gRPC
         one cannot wait (module docstring) and is refused with a 503."""
         refused, blocked = {}, False
         for request_id, live in list(self.live.items()):
             if live.started or live.finish_reason is not None:
                 continue
-            if (not blocked and self.engine.free_slots >= live.req.n) or not live.http:
+            if (not blocked and self._fits(request_id)) or not live.http:
                 if (refusal := self._start(request_id)) is not None:
                     refused[request_id] = refusal
             else:

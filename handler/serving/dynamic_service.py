@@ -10,15 +10,16 @@ class DynamicService(BaseService):
     """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
 
     def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply]:
-        refused = {}
-        waiting = list(range(len(batch)))
+        refused = {i: reply for i, inc in enumerate(batch) if (reply := self._accept(inc)) is not None}
+        waiting = [i for i in range(len(batch)) if i not in refused]  # accepted, in arrival order
         while waiting or self.engine.running:
-            while waiting and self.engine.free_slots:
+            while waiting and self._fits(batch[waiting[0]].request_id):
                 i = waiting.pop(0)
-                if reply := self._admit(batch[i]):
+                if reply := self._start(batch[i].request_id):
                     refused[i] = reply
             if self.cutting():
-                self.cut_running()  # what still waits is refused by _admit (503) next round
+                self.cut_running()  # what still waits is cut too (its reply a 503)
+                waiting = []
                 continue
             self._step()
             partial = {}

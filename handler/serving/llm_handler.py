@@ -80,7 +80,7 @@ class LLMHandler(BaseHandler):
                  loaded.path, engine_cfg.max_batch_size, engine_cfg.max_seq_len, loaded.steps.compile_seconds, loaded.steps.mode)
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
                         min(MAX_N, engine_cfg.max_batch_size), loaded.engine.tokenizer.vocab_size,
-                        tool_format(loaded.engine.tokenizer.chat_template))
+                        tool_format(loaded.engine.tokenizer.chat_template), loaded.engine.pages)
         service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
         mode_args = {}
         if service_cls is ContinuousService:

@@ -30,7 +30,6 @@ from typing import Any
 from handler.serving import openmp
 from handler.serving.formats import error_body
 from handler.serving.live import Incoming, Reply
-from handler.serving.protocol import models_route
 from handler.serving.service import BaseService
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ class LoopService(BaseService):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._inbox: queue.SimpleQueue[tuple[Incoming, Delivery] | None] = queue.SimpleQueue()  # None: wake up
-        self._waiting: deque[tuple[Incoming, Delivery]] = deque()
+        self._waiting: deque[str] = deque()  # accepted, not yet started: request ids in arrival order
         self._deliveries: dict[str, Delivery] = {}
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,17 +73,16 @@ class LoopService(BaseService):
             self.run_once(block=True)
 
     def run_once(self, block: bool = False) -> None:
-        """Take what arrived (waiting for it when idle and `block`), admit while slots are free,
-        run one step and deliver. Tests call this directly."""
+        """Take what arrived (waiting for it when idle and `block`), start what fits, run one step
+        and deliver. Tests call this directly."""
         self._take(block=block and not self.engine.running and not self._waiting)
-        while self._waiting and self.engine.free_slots:
-            inc, delivery = self._waiting.popleft()
-            if refused := self._admit(inc):
-                delivery.done(refused)
-            else:
-                self._deliveries[inc.request_id] = delivery
+        while self._waiting and self._fits(self._waiting[0]):
+            request_id = self._waiting.popleft()
+            if refused := self._start(request_id):
+                self._deliveries.pop(request_id).done(refused)
         if self.cutting():
-            self.cut_running()
+            self.cut_running()  # what still waits is cut too (its reply a 503)
+            self._waiting.clear()
             self._deliver_all()
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         if not self.engine.running:
@@ -101,15 +99,19 @@ class LoopService(BaseService):
         try:
             item = self._inbox.get(block=block)
             while True:
-                if item is not None and models_route(item[0].url_path) is not None:
-                    reply = self._admit(item[0])  # asks nothing of the engine: no wait for a slot
-                    assert reply is not None, "a models route is answered at once"
-                    item[1].done(reply)
-                elif item is not None:
-                    self._waiting.append(item)
+                if item is not None:
+                    self._accept_arrived(*item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _accept_arrived(self, inc: Incoming, delivery: Delivery) -> None:
+        """Parsed as it arrives: refused (or a models route answered) at once, else it waits its turn."""
+        if (reply := self._accept(inc)) is not None:
+            delivery.done(reply)
+            return
+        self._deliveries[inc.request_id] = delivery
+        self._waiting.append(inc.request_id)
 
     def _deliver_all(self) -> None:
         for request_id in list(self._deliveries):
@@ -134,3 +136,4 @@ class LoopService(BaseService):
             status, more = (200, False) if live.opened else (500, None)
             delivery.done(Reply(body, status, live.fmt.content_type(live.req.stream), more))
         self._deliveries.clear()
+        self._waiting.clear()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from handler.engine.kv_pages import PAGE, pages_for
 from handler.engine.sampling import SamplingParams
 from handler.serving.request_fields import Limits, RequestError, get_field
 from handler.serving.sampling_fields import sampling_params
@@ -123,6 +124,10 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         raise RequestError(
             f"prompt is {len(prompt_ids)} tokens and max_new_tokens is {params.max_new_tokens}: together they exceed "
             f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
+    if limits.kv_pages is not None and n * pages_for(len(prompt_ids) + params.max_new_tokens) > limits.kv_pages:
+        raise RequestError(
+            f"{n} samples of a {len(prompt_ids)}-token prompt and {params.max_new_tokens} new tokens could fill more "
+            f"than this replica's KV cache of {limits.kv_pages * PAGE} positions; lower n or max_new_tokens")
     stream = get_field(data, "stream", bool, False)
     options = get_field(data, "stream_options", dict, {}) or {}
     return GenerationRequest(api, prompt_ids, params, stream, bool(options.get("include_usage", False)), n, tools)

@@ -100,12 +100,6 @@ class BaseService:
         return Reply(self._whole(live), content_type=live.fmt.content_type(live.req.stream),
                      more=False if live.opened or not live.http else None)
 
-    def _admit(self, inc: Incoming) -> Reply | None:
-        """Parse and add to the engine; a Reply when the request is refused, or asks nothing of the engine."""
-        if (refused := self._accept(inc)) is not None:
-            return refused
-        return self._start(inc.request_id)
-
     def _accept(self, inc: Incoming) -> Reply | None:
         """Parse into self.live, not yet started; a Reply when the request is refused, or asks nothing of the engine."""
         if (model := models_route(inc.url_path)) is not None:
@@ -168,13 +162,19 @@ class BaseService:
             raise RequestError(f"{field}: {err}") from err
         self.metrics.observe("ts_llm_structured_output_requests_total", 1)
 
+    def _fits(self, request_id: str) -> bool:
+        """Whether the engine has the slots and KV pages to start this accepted request now."""
+        req = self.live[request_id].req
+        return self.engine.fits(len(req.prompt_ids), req.sample_params())
+
     def _start(self, request_id: str) -> Reply | None:
         """Into the engine; a Reply (and out of self.live) when it cannot start: a 503 when its
-        slots are not free, a 400 when its grammar's matcher cannot start."""
+        slots or KV pages are not free (only a request that cannot wait is started unchecked),
+        a 400 when its grammar's matcher cannot start."""
         live = self.live[request_id]
         try:
             self.engine.add_samples(request_id, live.req.prompt_ids, live.req.sample_params(), live.resume)
-        except EngineFull as err:  # batchSize <= slots is checked at load; n > 1 can still find too few
+        except EngineFull as err:  # a gRPC request cannot wait (continuous_service)
             return self._refuse_start(request_id, "engine_full", f"{err}; retry", 503)
         except GrammarError as err:  # checked at _accept; a matcher can still fail to start
             return self._refuse_start(request_id, "invalid_request", f"`response_format`: {err}", 400)

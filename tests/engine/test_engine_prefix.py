@@ -119,7 +119,7 @@ def test_prompts_sharing_a_prefix_added_together_compute_it_once(cached):
 
 
 def test_a_colliding_hash_never_serves_another_prompts_prefix(cached):
-    cached._cache = PrefixCache(cached.slots, block_hash=lambda previous, block: 0)  # every block collides
+    cached._memory.cache = PrefixCache(cached.slots, block_hash=lambda previous, block: 0)  # every block collides
     cached.add("a", ids(cached, "a" * 40), params(3))
     run(cached)
     cached.add("b", ids(cached, "b" * 40), params(3))
@@ -128,11 +128,11 @@ def test_a_colliding_hash_never_serves_another_prompts_prefix(cached):
     assert_same_generation(got, reference("b" * 40, 3))
 
 
-def test_free_slots_under_a_decode_step_keep_their_cached_prefix(cached):
-    """Decode runs slots 0..n-1; its rows for free slots among them must not write over what
-    those slots hold."""
+def test_idle_slots_keep_their_cached_prefix_while_others_decode(cached):
+    """Other sequences' decode steps (and their padding writes) never write over what an idle
+    slot holds."""
     cached.add("a", ids(cached, SYSTEM + "short"), params(1))  # slot 0, done after its prefill
-    cached.add("c", ids(cached, "keepsdecoding"), params(20))  # slot 1: decode covers slot 0
+    cached.add("c", ids(cached, "keepsdecoding"), params(20))  # slot 1, decoding while slot 0 is idle
     for _ in range(5):
         cached.step()
     cached.add("b", ids(cached, SYSTEM + "again"), params(5))

@@ -74,17 +74,16 @@ def test_the_least_recently_used_slot_is_the_one_written_or_used_longest_ago():
     assert cache.least_recently_used([0, 1, 2]) == 1
 
 
-def test_a_free_slot_below_the_highest_taken_one_is_chosen_by_prefix_then_by_age():
+def test_a_free_slot_is_chosen_by_prefix_then_by_age():
     cache = PrefixCache(4)
     cache.extend(0, [1, 2, 3])
     cache.extend(1, [7, 8, 9])
-    taken = [False, False, False, True]  # slot 3 busy: 0, 1 and 2 are inside the decode batch
+    taken = [False, False, False, True]
     assert cache.free_slot(taken, [7, 8, 5]) == 1, "the slot sharing the longest prefix"
     cache.touch(0)
     cache.touch(1)
     assert cache.free_slot(taken, []) == 2, "no prompt (caching off): the least recently used"
-    assert cache.free_slot([False, True, False, False], [1, 2, 3]) == 0, "the only slot below slot 1"
-    assert cache.free_slot([True, False, False, False], [7, 8, 9]) == 1, "none below: the lowest free slot"
+    assert cache.free_slot([False, True, False, False], [7, 8, 9]) == 2, "the slot holding it is busy: the oldest free one"
 
 
 def test_common_prefix_counts_leading_equal_tokens():

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handler.engine.engine import Engine
+from handler.engine.kv_pages import pages_for
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
 
@@ -51,11 +52,11 @@ class CountingSteps:
     vocab_size: int = VOCAB_SIZE
     calls: list[tuple[str, int, int]] = field(default_factory=list)  # (step, batch, width or kv_len)
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
+    def prefill(self, tokens: Tensor, pages: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
         self.calls.append(("prefill", tokens.shape[0], tokens.shape[1]))
         return self._logits(tokens[torch.arange(tokens.shape[0]), last_index])
 
-    def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+    def decode(self, tokens: Tensor, pages: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
         self.calls.append(("decode", tokens.shape[0], kv_len))
         return self._logits(tokens)
 
@@ -71,16 +72,16 @@ def counting_engine(slots: int = 4, max_seq_len: int = 64, **options) -> tuple[E
     counting steps keep no KV)."""
     steps = CountingSteps()
     return Engine(steps.prefill, steps.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"),
-                  copy_prefix=lambda src, dst, length: None, **options), steps
+                  copy_page=lambda src, dst: None, **options), steps
 
 
 TINY_ARGS = ModelArgs(vocab_size=VOCAB_SIZE, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                       intermediate_size=64, norm_eps=1e-5, rope_theta=10000.0)
 
 
-def tiny_transformer(slots: int, max_seq_len: int, seed: int = 0) -> Transformer:
+def tiny_transformer(pages: int, max_seq_len: int, seed: int = 0) -> Transformer:
     """The real model with TINY_ARGS in float32: weights drawn from `seed` alone (built on the
-    meta device, so the global RNG is left untouched), norms at one, KV cache allocated."""
+    meta device, so the global RNG is left untouched), norms at one, a KV cache of `pages` pages."""
     with torch.device("meta"):
         model = Transformer(TINY_ARGS)
     model = model.to_empty(device="cpu")
@@ -95,12 +96,14 @@ def tiny_transformer(slots: int, max_seq_len: int, seed: int = 0) -> Transformer
                 scale = 1.0 if "embeddings" in name else param.shape[1] ** -0.5
                 param.copy_(torch.randn(param.shape, generator=gen) * scale)
     model.eval().requires_grad_(False)
-    model.setup_cache(slots, max_seq_len)
+    model.setup_cache(pages, max_seq_len)
     return model
 
 
-def tiny_engine(slots: int = 4, max_seq_len: int = 64, seed: int = 0, **options) -> Engine:
-    """options: Engine's own (prefill_chunk, prefix_caching)."""
-    model = tiny_transformer(slots, max_seq_len, seed)
+def tiny_engine(slots: int = 4, max_seq_len: int = 64, seed: int = 0, pages: int | None = None, **options) -> Engine:
+    """options: Engine's own (prefill_chunk, prefix_caching); `pages` of the KV cache, default
+    max_seq_len positions per slot."""
+    pages = slots * pages_for(max_seq_len) if pages is None else pages
+    model = tiny_transformer(pages, max_seq_len, seed)
     return Engine(model.prefill, model.decode, CharTokenizer(), slots, max_seq_len, torch.device("cpu"),
-                  copy_prefix=model.copy_prefix, **options)
+                  copy_page=model.copy_page, pages=pages, **options)

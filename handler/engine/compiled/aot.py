@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 STEPS: tuple[StepName, ...] = ("prefill", "decode")
 # Bump when the saved graphs' layout changes: it is part of the artifact's cache key (what each
 # value meant: docs/benchmarks.md, "Compile settings").
-FORMAT = 16
+FORMAT = 17
 
 
 class AotError(EngineError, RuntimeError):
@@ -190,13 +190,12 @@ def compile_step(model: Transformer, name: StepName, cfg: EngineConfig, progress
                  kinds: tuple[GraphKind, ...] = KINDS) -> tuple[CompiledStep, list[Shape]]:
     """Graphs of `kinds` for `name` (with "general": until every serving shape has one);
     returns them with their examples."""
-    device = torch.device(cfg.device)
     step, examples = CompiledStep(model, name), []
     sizes = model_sizes(model)
     single = single_shapes(name, cfg, sizes) if "batch 1" in kinds else []
     general = compile_order(serving_shapes(name, cfg), sizes) if "general" in kinds else []
     for shape in single + general:
-        args = example_args(name, shape, device)
+        args = example_args(name, shape, cfg)
         if step.match(*args) is not None:
             continue
         kind = "batch 1" if shape in single else "general"

@@ -6,6 +6,7 @@ import torch
 from handler.engine.checkpoint import Checkpoint, load_model
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.kernels import build, matvec
+from handler.engine.kv_pages import pages_for
 from handler.engine.model.transformer import Transformer
 from handler.engine.quant.apply import quantize_model
 
@@ -26,7 +27,7 @@ def prepare_model(ckpt: Checkpoint, cfg: EngineConfig) -> Transformer:
         build.load()  # built now (seconds, the first time on a machine), not in the first request
         # decode batches too where oneDNN would read a float32 copy (twice bf16's bytes; AVX2)
         model.use_matvec(batches=cfg.max_batch_size <= matvec.MAX_BATCH)
-    model.setup_cache(cfg.max_batch_size, cfg.max_seq_len)
+    model.setup_cache(pages_for(cfg.kv_budget), cfg.max_seq_len)
     if build.loaded():
         build.check_in_force()  # the kernels the steps will run are still ours (KernelMismatchError)
     return model

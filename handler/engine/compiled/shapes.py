@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from handler.engine.config import EngineConfig
+from handler.engine.kv_pages import page_columns
 from handler.engine.model.transformer import Transformer
 
 StepName = Literal["prefill", "decode"]
@@ -48,13 +49,15 @@ class Shape:
 
 # ---- the shapes serving can produce -----------------------------------------------------------
 
-def example_args(step: StepName, shape: Shape, device: torch.device) -> tuple[Any, ...]:
-    """Arguments of model.<step> with this shape (values do not matter to the guards)."""
-    b, n = shape.batch, shape.length
+def example_args(step: StepName, shape: Shape, cfg: EngineConfig) -> tuple[Any, ...]:
+    """Arguments of model.<step> with this shape (values do not matter to the guards; every page
+    table entry is page 0)."""
+    b, n, device = shape.batch, shape.length, torch.device(cfg.device)
+    pages = torch.zeros(b, page_columns(cfg.max_seq_len), dtype=torch.long, device=device)
     if step == "prefill":
-        return (torch.zeros(b, n, dtype=torch.long, device=device), torch.arange(b, device=device),
+        return (torch.zeros(b, n, dtype=torch.long, device=device), pages,
                 torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), n - 1, device=device), shape.window)
-    return (torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), n - 1, device=device), n)
+    return (torch.zeros(b, dtype=torch.long, device=device), pages, torch.full((b,), n - 1, device=device), n)
 
 
 def serving_shapes(step: StepName, cfg: EngineConfig) -> list[Shape]:

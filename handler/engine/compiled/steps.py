@@ -38,6 +38,7 @@ from handler.engine.compiled.compile_process import wait_for_compile
 from handler.engine.compiled.errors import CompileError, failure_reason
 from handler.engine.compiled.warm_start import BackgroundLoad
 from handler.engine.config import EngineConfig
+from handler.engine.kv_pages import page_columns
 from handler.engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -208,12 +209,13 @@ def warm_up(prefill: Callable, decode: Callable, cfg: EngineConfig) -> None:
     batches = [1, 2] if cfg.max_batch_size >= 2 else [1]
     with torch.no_grad(), aot.trace_settings():  # no_grad as the Engine calls them: grad mode is part of the guards
         for b in batches:
+            pages = torch.zeros(b, page_columns(cfg.max_seq_len), dtype=torch.long, device=device)
             for t, kv_len in ((16, 64), (32, 128)):
                 tokens = torch.zeros(b, t, dtype=torch.long, device=device)
-                slots, start = torch.arange(b, device=device), torch.zeros(b, dtype=torch.long, device=device)
-                prefill(tokens, slots, start, torch.full((b,), t - 1, device=device), kv_len)
+                start = torch.zeros(b, dtype=torch.long, device=device)
+                prefill(tokens, pages, start, torch.full((b,), t - 1, device=device), kv_len)
             for kv_len in (64, 128):
-                decode(torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), kv_len - 1, device=device), kv_len)
+                decode(torch.zeros(b, dtype=torch.long, device=device), pages, torch.full((b,), kv_len - 1, device=device), kv_len)
 
 
 def _no_recompile(fn: Callable) -> Callable:

@@ -86,13 +86,13 @@ static inline float attn_exp1(float x) {
     return p * power;
 }
 
-/* Position s (`stride` elements apart) of a bf16 or float32 [S, D] matrix as float32 into row[D]. */
-static inline void attn_row(const void *base, int bf16, int64_t s, int64_t stride, int64_t D, float *row) {
+/* A bf16 or float32 vector of D as float32 into row[D]. */
+static inline void attn_row(const char *at, int bf16, int64_t D, float *row) {
     if (!bf16) {
-        memcpy(row, (const float *)base + s * stride, D * sizeof(float));
+        memcpy(row, at, D * sizeof(float));
         return;
     }
-    const uint16_t *bits = (const uint16_t *)base + s * stride;
+    const uint16_t *bits = (const uint16_t *)at;
     int64_t d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; d + 8 <= D; d += 8) _mm256_storeu_ps(row + d, bf16x8(bits + d));  /* matvec.c's, this translation unit's */
@@ -160,8 +160,10 @@ static inline float attn_softmax_terms(float *row, int64_t padded, float top) {
 
 typedef struct {
     const float *q;          /* [B, H, T, D] contiguous */
-    const void *k, *v;       /* [B, KV, S, D] with strides (elements) below; bf16 bits or float32 */
+    const void *k, *v;       /* [pages, KV, page_len, D] with strides (elements) below; bf16 bits or float32 */
     int64_t k_strides[3], v_strides[3];
+    const int64_t *pages;    /* [B, page_cols]: the page holding sequence b's positions [j, j + 1) * page_len */
+    int64_t page_len, page_cols;
     int bf16;
     const uint8_t *visible;  /* [B, T, S] bool: which positions query t of sequence b sees */
     float *partial;          /* [B, H, t1 - t0, blocks, D + 2]: each row's blocks' max, sum, weighted values */
@@ -200,18 +202,26 @@ static inline void attn_transpose8(const float *tmp, int64_t D, float *keys_t) {
         for (int i = 0; i < 8; i++) keys_t[d * ATTN_BLOCK + i] = tmp[i * D + d];
 }
 
+/* Where position p of sequence b's KV head `head` lies in a cache of pages (`base`: k or v, with
+ * their strides). */
+static inline const char *attn_position(const AttentionLoop *a, const void *base, const int64_t *strides, int64_t b,
+                                        int64_t head, int64_t p) {
+    const int64_t page = a->pages[b * a->page_cols + p / a->page_len];
+    return (const char *)base + (page * strides[0] + head * strides[1] + p % a->page_len * strides[2]) * (a->bf16 ? 2 : 4);
+}
+
 /* The block's keys transposed (keys_t [D, ATTN_BLOCK]) and values ([n, D]) as float32 for the
- * positions [0, n) some row of the item sees (used[s]); zeros for the others and, in keys_t, up to
- * the next multiple of ATTN_CHUNK. */
-static void attn_load_block(const AttentionLoop *a, const char *k, const char *v, int64_t s0, const uint8_t *used,
+ * positions s0 + [0, n) of sequence b's KV head that some row of the item sees (used[s]); zeros for
+ * the others and, in keys_t, up to the next multiple of ATTN_CHUNK. */
+static void attn_load_block(const AttentionLoop *a, int64_t b, int64_t head, int64_t s0, const uint8_t *used,
                             int64_t n, float *keys_t, float *values) {
     const int64_t D = a->D, padded = (n + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
     float tmp[8 * ATTN_MAX_DIM];
     for (int64_t s8 = 0; s8 < padded; s8 += 8) {
         for (int64_t s = s8; s < s8 + 8; s++) {
             if (s < n && used[s]) {
-                attn_row(k, a->bf16, s0 + s, a->k_strides[2], D, tmp + (s - s8) * D);
-                attn_row(v, a->bf16, s0 + s, a->v_strides[2], D, values + s * D);
+                attn_row(attn_position(a, a->k, a->k_strides, b, head, s0 + s), a->bf16, D, tmp + (s - s8) * D);
+                attn_row(attn_position(a, a->v, a->v_strides, b, head, s0 + s), a->bf16, D, values + s * D);
             } else {
                 memset(tmp + (s - s8) * D, 0, D * sizeof(float));
                 if (s < n) memset(values + s * D, 0, D * sizeof(float));
@@ -304,7 +314,7 @@ static inline void attn_union(const uint8_t *seen, int64_t S, int64_t queries, i
  * of the KV head), which are then taken ATTN_ROWS at a time. */
 static void attn_items(const void *loop, int64_t i0, int64_t i1) {
     const AttentionLoop *a = (const AttentionLoop *)loop;
-    const int64_t D = a->D, G = a->H / a->KV, elem = a->bf16 ? 2 : 4, S = a->S;
+    const int64_t D = a->D, G = a->H / a->KV, S = a->S;
     const int64_t tiles = (a->t1 - a->t0 + a->tile - 1) / a->tile;
     static __thread float keys_t[ATTN_MAX_DIM * ATTN_BLOCK], values[ATTN_BLOCK * ATTN_MAX_DIM];
     static __thread float scores[ATTN_ROWS * ATTN_BLOCK];
@@ -317,9 +327,7 @@ static void attn_items(const void *loop, int64_t i0, int64_t i1) {
         const uint8_t *seen = a->visible + (b * a->T + q0) * S + s0;  /* query q0 + t's mask at seen + t * S */
         const int64_t n = a->ends[(b * tiles + tile) * a->blocks + block];
         attn_union(seen, S, queries, n, used);
-        attn_load_block(a, (const char *)a->k + (b * a->k_strides[0] + head * a->k_strides[1]) * elem,
-                        (const char *)a->v + (b * a->v_strides[0] + head * a->v_strides[1]) * elem, s0, used, n, keys_t,
-                        values);
+        attn_load_block(a, b, head, s0, used, n, keys_t, values);
         for (int64_t i0r = 0, R; i0r < queries * G; i0r += R) {
             R = queries * G - i0r < ATTN_ROWS ? 1 : ATTN_ROWS;  /* the last rows one at a time */
             const float *q[ATTN_ROWS];
@@ -391,7 +399,9 @@ static int64_t attn_plan(const AttentionLoop *a, int32_t *ends, int64_t *items) 
 
 /* out [B, H, T, D] float32, laid out as [B, T, H, D] (the heads of a query side by side): softmax(q k^T * scale, over each query's visible positions) v. q [B, H, T, D]
  * float32 (T new queries per sequence: 1 in a decode step, a prompt's chunk in prefill); k, v
- * [B, KV, S, D] bfloat16 (bf16 = 1) or float32, strided; visible [B, T, S] bool. A query's result does
+ * [pages, KV, page_len, D] bfloat16 (bf16 = 1) or float32, strided, the KV cache's pages; pages
+ * [B, page_cols] (page_cols * page_len >= S), which page holds each run of page_len positions of
+ * sequence b, every one in range; visible [B, T, S] bool. A query's result does
  * not depend on T, the batch or the threads: a position decoded alone gets the bits prefill gives it.
  * Queries are taken in passes whose partials fit ATTN_SCRATCH floats. Returns 0, or -1 if H / KV
  * query heads exceed ATTN_MAX_GROUP, D exceeds ATTN_MAX_DIM or is not a multiple of 8, or the scratch
@@ -400,7 +410,7 @@ static int64_t attn_plan(const AttentionLoop *a, int32_t *ends, int64_t *items) 
 extern "C"
 #endif
 int ts_llm_attention(const float *q, const void *k, const int64_t *k_strides, const void *v, const int64_t *v_strides,
-                     int bf16, const uint8_t *visible, float *out, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                     int bf16, const int64_t *pages, int64_t page_len, int64_t page_cols, const uint8_t *visible, float *out, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                      int64_t D, float scale, int threads) {
     if (KV <= 0 || H % KV || H / KV > ATTN_MAX_GROUP || D > ATTN_MAX_DIM || D % 8) return -1;
     const int64_t G = H / KV, blocks = (S + ATTN_BLOCK - 1) / ATTN_BLOCK, per_query = B * H * blocks * (D + 2);
@@ -421,7 +431,7 @@ int ts_llm_attention(const float *q, const void *k, const int64_t *k_strides, co
     const int solo = B * H * T * S < ATTN_SOLO_WORK;
     for (int64_t t0 = 0; t0 < T; t0 += pass) {
         AttentionLoop loop = {q, k, v, {k_strides[0], k_strides[1], k_strides[2]}, {v_strides[0], v_strides[1], v_strides[2]},
-                              bf16, visible, scratch, out, ends, items, B, H, KV, T, S, D, blocks, t0,
+                              pages, page_len, page_cols, bf16, visible, scratch, out, ends, items, B, H, KV, T, S, D, blocks, t0,
                               t0 + pass < T ? t0 + pass : T, tile, scale};
         const int64_t count = attn_plan(&loop, ends, items), rows = B * H * (loop.t1 - t0);
         if (solo) {

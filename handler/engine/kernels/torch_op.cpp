@@ -150,25 +150,35 @@ Tensor bf16_linear_cpu(Tensor x, Tensor w, std::optional<Tensor> bias) {
     });
 }
 
-Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale) {
-    // q [B, H, T, D] float32; k, v [B, KV, S, D] bfloat16 or float32, any strides but a unit last one (the
-    // KV cache's slots, heads and positions); visible [B, T, S] bool. Returns [B, H, T, D] float32 (attention.c),
-    // strided as [B, T, H, D].
+Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor pages, Tensor visible, double scale) {
+    // q [B, H, T, D] float32; k, v [P, KV, L, D] bfloat16 or float32, any strides but a unit last one (the
+    // KV cache's pages of L positions); pages [B, N] int64, the page of each run of L positions of sequence b
+    // (N * L >= S); visible [B, T, S] bool. Returns [B, H, T, D] float32 (attention.c), strided as [B, T, H, D].
     STD_TORCH_CHECK(q.dim() == 4 && q.scalar_type() == ScalarType::Float, "attention: q must be float32 [B, H, T, D], got ",
                     q.scalar_type(), " ", shape_of(q));
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
     auto cached = [&](const Tensor &t) {
-        return t.dim() == 4 && t.size(0) == B && t.size(3) == D && t.stride(3) == 1 && t.size(1) > 0 && H % t.size(1) == 0
+        return t.dim() == 4 && t.size(3) == D && t.stride(3) == 1 && t.size(1) > 0 && H % t.size(1) == 0
                && (t.scalar_type() == ScalarType::BFloat16 || t.scalar_type() == ScalarType::Float);
     };
-    STD_TORCH_CHECK(cached(k) && cached(v) && k.scalar_type() == v.scalar_type() && k.size(1) == v.size(1)
-                        && k.size(2) == v.size(2),
-                    "attention: k ", shape_of(k), " and v ", shape_of(v), " must be bfloat16 or float32 [B, KV, S, D] ",
+    STD_TORCH_CHECK(cached(k) && cached(v) && k.scalar_type() == v.scalar_type() && k.size(0) == v.size(0)
+                        && k.size(1) == v.size(1) && k.size(2) == v.size(2),
+                    "attention: k ", shape_of(k), " and v ", shape_of(v), " must be bfloat16 or float32 [P, KV, L, D] ",
                     "alike, D's stride 1, for q ", shape_of(q));
-    const int64_t KV = k.size(1), S = k.size(2);
+    const int64_t P = k.size(0), KV = k.size(1), L = k.size(2);
     STD_TORCH_CHECK(visible.dim() == 3 && visible.scalar_type() == ScalarType::Bool && visible.size(0) == B
-                        && visible.size(1) == T && visible.size(2) == S,
-                    "attention: visible must be bool [B, T, S] = [", B, ", ", T, ", ", S, "], got ", shape_of(visible));
+                        && visible.size(1) == T,
+                    "attention: visible must be bool [B, T, S] = [", B, ", ", T, ", S], got ", shape_of(visible));
+    const int64_t S = visible.size(2);
+    STD_TORCH_CHECK(pages.dim() == 2 && pages.scalar_type() == ScalarType::Long && pages.size(0) == B
+                        && pages.size(1) * L >= S,
+                    "attention: pages must be int64 [B, N] with N * ", L, " >= ", S, ", got ", shape_of(pages));
+    const Tensor table = pages.is_contiguous() ? pages : torch::stable::contiguous(pages);
+    const int64_t *page = static_cast<const int64_t *>(table.const_data_ptr()), N = table.size(1), used = (S + L - 1) / L;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < used; j++)  // a page out of range would read outside the cache
+            STD_TORCH_CHECK(page[b * N + j] >= 0 && page[b * N + j] < P, "attention: sequence ", b, "'s page ", j, " is ",
+                            page[b * N + j], ", outside the cache's ", P, " pages");
     const Tensor rows = q.is_contiguous() ? q : torch::stable::contiguous(q);
     const Tensor seen = visible.is_contiguous() ? visible : torch::stable::contiguous(visible);
     // laid out as [B, T, H, D], as SDPA returns it: the model's transpose(1, 2) is then contiguous and its
@@ -180,7 +190,7 @@ Tensor attention_cpu(Tensor q, Tensor k, Tensor v, Tensor visible, double scale)
     Tensor out(handle);
     const int64_t k_strides[3] = {k.stride(0), k.stride(1), k.stride(2)}, v_strides[3] = {v.stride(0), v.stride(1), v.stride(2)};
     const int failed = ts_llm_attention(static_cast<const float *>(rows.const_data_ptr()), k.const_data_ptr(), k_strides,
-                                        v.const_data_ptr(), v_strides, k.scalar_type() == ScalarType::BFloat16,
+                                        v.const_data_ptr(), v_strides, k.scalar_type() == ScalarType::BFloat16, page, L, N,
                                         static_cast<const uint8_t *>(seen.const_data_ptr()),
                                         static_cast<float *>(out.mutable_data_ptr()), B, H, KV, T, S, D,
                                         static_cast<float>(scale), threads());

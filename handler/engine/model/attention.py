@@ -1,4 +1,4 @@
-"""Attention's parts that know no model: the KV cache's slots and one
+"""Attention's parts that know no model: the KV cache's pages and one
 decode step's attention written out in torch (what devices without the CPU kernel run:
 kernels/attention.py). Shapes as in transformer.py: B sequences, H query heads, K key/value heads, S cached
 positions, D head dim."""
@@ -7,33 +7,42 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+PAGE = 16  # positions per KV page: the prefix cache's block, so a shared full block is a shared page
 
-class KVCache(nn.Module):
+
+class KVPages(nn.Module):
+    """The KV cache as pages of PAGE positions, shared by every sequence: a page table row per
+    sequence (an input of each step, made by handler.engine.kv_pages) says which page holds its
+    positions [j * PAGE, (j + 1) * PAGE). The last page is scratch: a row's unassigned entries
+    point there, so padding writes land where nothing is read."""
+
     k: Tensor  # buffers, registered in __init__
     v: Tensor
 
-    def __init__(self, slots: int, max_seq: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    def __init__(self, pages: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype):
         super().__init__()
-        shape = (slots, n_kv_heads, max_seq, head_dim)
+        shape = (pages + 1, n_kv_heads, PAGE, head_dim)  # [P + scratch, K, PAGE, D]
         self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
 
-    def write_chunk(self, slot_ids: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        # slot_ids: [B]; positions: [B, T]; k, v: [B, K, T, D], row b at its positions of slot b
-        rows = slot_ids[:, None]
-        self.k[rows, :, positions] = k.transpose(1, 2)  # indexed as [B, T, K, D]
-        self.v[rows, :, positions] = v.transpose(1, 2)
+    def write(self, pages: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
+        # pages: [B, N]; positions: [B, T]; k, v: [B, K, T, D], row b at its positions of sequence b
+        page = pages.gather(1, positions // PAGE)  # [B, T]
+        self.k[page, :, positions % PAGE] = k.transpose(1, 2)  # indexed as [B, T, K, D]
+        self.v[page, :, positions % PAGE] = v.transpose(1, 2)
 
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Positions 0..length-1 of slot `src` into slot `dst` (a prompt prefilled once for n samples)."""
-        self.k[dst, :, :length] = self.k[src, :, :length]
-        self.v[dst, :, :length] = self.v[src, :, :length]
+    def copy_page(self, src: int, dst: int) -> None:
+        self.k[dst] = self.k[src]
+        self.v[dst] = self.v[src]
 
-    def write_decode(self, input_pos: Tensor, k: Tensor, v: Tensor) -> None:
-        # input_pos: [B] (slot b writes at its own position); k, v: [B, K, 1, D]
-        rows = torch.arange(k.shape[0], device=k.device)
-        self.k[rows, :, input_pos] = k[:, :, 0]
-        self.v[rows, :, input_pos] = v[:, :, 0]
+    def window(self, pages: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, K, kv_len, D] of each row's first kv_len positions, gathered: what
+        devices without the CPU kernel (which reads the pages in place) attend to."""
+        b, heads, dim = pages.shape[0], self.k.shape[1], self.k.shape[3]
+        rows = pages[:, :-(-kv_len // PAGE)]  # [B, n]
+        # [B, n, K, PAGE, D] -> [B, K, n * PAGE, D], then the window
+        keys, values = (cache[rows].transpose(1, 2).reshape(b, heads, -1, dim)[:, :, :kv_len] for cache in (self.k, self.v))
+        return keys, values
 
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, visible: Tensor, scale: float) -> Tensor:

@@ -1,7 +1,8 @@
 """A Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2/3, Gemma 3) written for torch.compile.
 
-Every sequence in a batch lives in its own KV-cache slot with its own position, so prompts of
-different lengths share one batch and slots can be freed and refilled between decode steps.
+Every sequence in a batch has its own position and its own row of the KV cache's page table
+(handler.engine.kv_pages), so prompts of different lengths share one batch, and the cache's pages
+go to whichever sequences need them between two steps.
 Shapes: B = sequences in the call, T = tokens per sequence, S = cached positions attended,
 H = query heads, K = key/value heads, D = head dim.
 """
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from handler.engine.kernels import attention as kernel_attention
 from handler.engine.model.args import ModelArgs
-from handler.engine.model.attention import KVCache, decode_attention
+from handler.engine.model.attention import KVPages, decode_attention
 from handler.engine.model.linear import Linear
 from handler.engine.model.rope import apply_rope, rope_frequencies
 
@@ -46,7 +47,7 @@ class Attention(nn.Module):
         if args.qk_norm:
             self.q_norm = RMSNorm(args.head_dim, args.norm_eps, args.norm_offset)
             self.k_norm = RMSNorm(args.head_dim, args.norm_eps, args.norm_offset)
-        self.kv_cache: KVCache | None = None
+        self.kv_cache: KVPages | None = None
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         a = self.args
@@ -63,34 +64,27 @@ class Attention(nn.Module):
         b, _, t, _ = y.shape
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
-    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor, positions: Tensor,
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, pages: Tensor, positions: Tensor,
                 visible: Tensor) -> Tensor:
-        # visible: [B, 1, T, S], which of the slot's first S cached positions each new token sees
+        # pages: [B, N], each sequence's page table row; visible: [B, 1, T, S], which of the
+        # sequence's first S cached positions each new token sees
         q, k, v = self._qkv(x, cos, sin)
         assert self.kv_cache is not None, "setup_cache first"
-        self.kv_cache.write_chunk(slot_ids, positions, k, v)
-        kv_len = visible.shape[-1]
-        keys = self.kv_cache.k[slot_ids, :, :kv_len]  # [B, K, S, D]: cached prefix and this chunk
-        values = self.kv_cache.v[slot_ids, :, :kv_len]
-        if keys.device.type == "cpu":
-            return self._out(kernel_attention.attention(q, keys, values, visible[:, 0], self._scale()))
+        self.kv_cache.write(pages, positions, k, v)
+        if q.device.type == "cpu":
+            return self._out(kernel_attention.attention(q, self.kv_cache.k, self.kv_cache.v, pages, visible[:, 0], self._scale()))
+        keys, values = self.kv_cache.window(pages, visible.shape[-1])  # [B, K, S, D]: cached prefix and this chunk
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True, scale=self.args.attn_scale)
         return self._out(y)
 
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
-        # visible: [B, S], which of the slot's first S cached positions the new token sees
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, pages: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
+        # pages: [B, N]; visible: [B, S], which of the sequence's first S cached positions the new token sees
         q, k, v = self._qkv(x, cos, sin)
         assert self.kv_cache is not None, "setup_cache first"
-        self.kv_cache.write_decode(input_pos, k, v)
-        b = x.shape[0]
-        # Says what slicing cannot: b fits the cache. Compiled with an unbacked (unspecialized)
-        # batch, torch could not otherwise tell that keys keep all b rows.
-        torch._check(b <= self.kv_cache.k.shape[0])
-        kv_len = visible.shape[-1]
-        keys = self.kv_cache.k[:b, :, :kv_len]  # [B, K, S, D]
-        values = self.kv_cache.v[:b, :, :kv_len]
-        if keys.device.type == "cpu":
-            return self._out(kernel_attention.attention(q, keys, values, visible[:, None], self._scale()))
+        self.kv_cache.write(pages, input_pos[:, None], k, v)
+        if q.device.type == "cpu":
+            return self._out(kernel_attention.attention(q, self.kv_cache.k, self.kv_cache.v, pages, visible[:, None], self._scale()))
+        keys, values = self.kv_cache.window(pages, visible.shape[-1])  # [B, K, S, D]
         return self._out(decode_attention(q, keys, values, visible, self._scale()))
 
     def _scale(self) -> float:
@@ -127,15 +121,15 @@ class Block(nn.Module):
     # Compile regions: Dynamo traces one layer's step and reuses the trace for the others, and
     # aot.trace_settings inlines them back into one flat graph (the same graph, ~20% less compile CPU).
     @torch.compiler.nested_compile_region
-    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, slot_ids: Tensor, positions: Tensor,
+    def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, pages: Tensor, positions: Tensor,
                 visible: Tensor) -> Tensor:
-        h = self._residual(x, self.attention.prefill(self.attention_norm(x), cos, sin, slot_ids, positions, visible),
+        h = self._residual(x, self.attention.prefill(self.attention_norm(x), cos, sin, pages, positions, visible),
                            "post_attention_norm")
         return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
     @torch.compiler.nested_compile_region
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
-        h = self._residual(x, self.attention.decode(self.attention_norm(x), cos, sin, input_pos, visible),
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, pages: Tensor, input_pos: Tensor, visible: Tensor) -> Tensor:
+        h = self._residual(x, self.attention.decode(self.attention_norm(x), cos, sin, pages, input_pos, visible),
                            "post_attention_norm")
         return self._residual(h, self.feed_forward(self.ffn_norm(h)), "post_ffn_norm")
 
@@ -173,13 +167,13 @@ class Transformer(nn.Module):
         for _, linear in projections(self):
             linear.use_matvec(batches)
 
-    def setup_cache(self, slots: int, max_seq: int) -> None:
+    def setup_cache(self, pages: int, max_seq: int) -> None:
+        """A KV cache of `pages` pages of PAGE positions (and a scratch page), shared by every sequence,
+        each of at most max_seq positions."""
         dtype, device = self.norm.weight.dtype, self.norm.weight.device  # the model's (the embedding may be quantized)
         self.max_seq = max_seq
-        # One spare position nobody attends to: a window of kv_len <= max_seq positions is never the whole
-        # (contiguous) buffer, so graphs, which guard on contiguity, need no specialization at max_seq.
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(slots, max_seq + 1, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
+            layer.attention.kv_cache = KVPages(pages, self.args.n_kv_heads, self.args.head_dim, dtype).to(device)
         for suffix in ("", "_local") if self.args.local_layers else ("",):  # the spare position too (padding writes it)
             cos, sin = rope_frequencies(self.args, max_seq + 1, local=bool(suffix))
             self.register_buffer("rope_cos" + suffix, cos.to(device), persistent=False)
@@ -205,42 +199,44 @@ class Transformer(nn.Module):
         return [narrow if i in self.args.window_layers else visible for i in range(len(self.layers))]
 
     @torch.no_grad()
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+    def copy_page(self, src: int, dst: int) -> None:
+        """Every layer's KV page `src` into page `dst` (a shared page about to be written)."""
         for layer in self.layers:
-            cast(KVCache, layer.attention.kv_cache).copy_prefix(src, dst, length)
+            cast(KVPages, layer.attention.kv_cache).copy_page(src, dst)
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
+    def prefill(self, tokens: Tensor, pages: Tensor, start_pos: Tensor, last_index: Tensor, kv_len: int) -> Tensor:
         """A chunk of each prompt, from any position (chunked prefill, a cached prefix). tokens:
-        [B, T], right-padded chunks; row b holds positions start_pos[b].. of slot slot_ids[b],
-        whose earlier positions are already cached; last_index: [B], the column of the token
-        whose next-token logits are returned ([B, V], float32); attention covers the first kv_len
-        positions (kv_len > every real token's position). Padding columns write positions past
-        the chunk (the spare position max_seq at most), which nothing reads before they are
-        written again."""
+        [B, T], right-padded chunks; row b holds positions start_pos[b].. of the sequence whose
+        page table row is pages[b] ([B, N], N * PAGE > max_seq), whose earlier positions are
+        already cached; last_index: [B], the column of the token whose next-token logits are
+        returned ([B, V], float32); attention covers the first kv_len positions (kv_len > every
+        real token's position). Padding columns write positions past the chunk (max_seq at most)
+        into the row's own page or the scratch page, which nothing reads before they are written again."""
         # One row per sequence in every argument: compiled with each batch unbacked, torch cannot
         # otherwise tell that they agree (attention's q and keys).
         torch._check(last_index.shape[0] == tokens.shape[0])
-        x = self.hidden(tokens, slot_ids, start_pos, kv_len)
+        x = self.hidden(tokens, pages, start_pos, kv_len)
         last = x[torch.arange(x.shape[0], device=x.device), last_index]  # [B, dim]
         return self.output(self.norm(last)).float()
 
-    def hidden(self, tokens: Tensor, slot_ids: Tensor, start_pos: Tensor, kv_len: int) -> Tensor:
+    def hidden(self, tokens: Tensor, pages: Tensor, start_pos: Tensor, kv_len: int) -> Tensor:
         """The last layer's output [B, T, dim] at every position of prefill's chunks (its arguments)."""
         b, t = tokens.shape
-        for arg in (slot_ids, start_pos):
+        for arg in (pages, start_pos):
             torch._check(arg.shape[0] == b)
         positions = (start_pos[:, None] + torch.arange(t, device=tokens.device)[None, :]).clamp(max=self.max_seq)  # [B, T]
         visible = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         x = self._embed(tokens)
         for layer, (cos, sin), seen in zip(self.layers, self._ropes(positions), self._masks(visible, positions), strict=True):
-            x = layer.prefill(x, cos[:, None], sin[:, None], slot_ids, positions, seen[:, None])
+            x = layer.prefill(x, cos[:, None], sin[:, None], pages, positions, seen[:, None])
         return x
 
-    def decode(self, tokens: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
-        """One step for slots 0..B-1. tokens, input_pos: [B]; attends to the first kv_len
-        positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
+    def decode(self, tokens: Tensor, pages: Tensor, input_pos: Tensor, kv_len: int) -> Tensor:
+        """One step for B sequences. tokens, input_pos: [B]; pages: [B, N], their page table rows;
+        attends to the first kv_len positions (kv_len > max(input_pos)). Returns logits [B, V] (float32)."""
+        torch._check(pages.shape[0] == tokens.shape[0])
         x = self._embed(tokens[:, None])
         visible = torch.arange(kv_len, device=tokens.device)[None, :] <= input_pos[:, None]  # [B, S]
         for layer, (cos, sin), seen in zip(self.layers, self._ropes(input_pos), self._masks(visible, input_pos), strict=True):
-            x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], input_pos, seen)
+            x = layer.decode(x, cos[:, None, None, :], sin[:, None, None, :], pages, input_pos, seen)
         return self.output(self.norm(x[:, 0])).float()

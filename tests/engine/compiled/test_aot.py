@@ -31,6 +31,7 @@ from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
+from handler.engine.kv_pages import own_pages, page_columns
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
 from handler.engine.sampling import SamplingParams
@@ -113,7 +114,7 @@ def _traced_decode_graph(settings) -> torch.fx.GraphModule:
     args = ModelArgs(vocab_size=256, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=128,
                      norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=True)
     model = Transformer(args).eval()
-    model.setup_cache(4, 32)
+    model.setup_cache(2 * page_columns(32), 32)
     graphs = []
 
     def capture(gm, example_inputs):
@@ -122,7 +123,8 @@ def _traced_decode_graph(settings) -> torch.fx.GraphModule:
 
     torch._dynamo.reset()
     with torch.no_grad(), settings:
-        torch.compile(model.decode, backend=capture, fullgraph=True, dynamic=True)(torch.arange(2), torch.arange(2) + 5, 16)
+        step = torch.compile(model.decode, backend=capture, fullgraph=True, dynamic=True)
+        step(torch.arange(2), own_pages(2, 32), torch.arange(2) + 5, 16)
     return graphs[-1]
 
 
@@ -153,7 +155,7 @@ def test_every_serving_shape_has_a_graph(loaded, cfg):
     steps = loaded.steps
     for name, step in (("prefill", steps.prefill), ("decode", steps.decode)):
         for shape in shapes.serving_shapes(name, cfg):
-            assert step.match(*shapes.example_args(name, shape, torch.device("cpu"))) is not None, (name, shape)
+            assert step.match(*shapes.example_args(name, shape, cfg)) is not None, (name, shape)
 
 
 def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
@@ -164,15 +166,15 @@ def test_varied_batches_and_lengths_compile_nothing(loaded, cfg):
     with torch.compiler.set_stance("fail_on_recompile"):
         for b in (1, 2, 8):
             for t, window in ((16, 64), (48, cfg.max_seq_len), (cfg.max_seq_len, cfg.max_seq_len)):
-                steps.prefill(*shapes.example_args("prefill", shapes.Shape(b, t, window), torch.device("cpu")))
-            steps.decode(*shapes.example_args("decode", shapes.Shape(b, cfg.max_seq_len), torch.device("cpu")))
+                steps.prefill(*shapes.example_args("prefill", shapes.Shape(b, t, window), cfg))
+            steps.decode(*shapes.example_args("decode", shapes.Shape(b, cfg.max_seq_len), cfg))
     assert sum(counters["frames"].values()) == frames_before
 
 
 def test_a_shape_outside_the_domain_is_an_error_not_a_recompile(loaded, cfg):
-    whole_cache = shapes.Shape(2, cfg.max_seq_len + 1)  # a window the Engine never sends
+    tokens, pages, positions, window = shapes.example_args("decode", shapes.Shape(2, 64), cfg)
     with pytest.raises(aot.NoMatchingGraph, match="decode: no compiled graph accepts"):
-        loaded.steps.decode(*shapes.example_args("decode", whole_cache, torch.device("cpu")))
+        loaded.steps.decode(tokens, pages.int(), positions, window)  # int32 page indices: the Engine sends int64
 
 
 def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
@@ -180,19 +182,18 @@ def test_one_general_graph_per_step_plus_a_batch_1_decode_graph(loaded, cfg):
     batch-1 graph (matrix-vector kernels), which batch 1 gets and no other batch does."""
     prefill, decode = loaded.steps.prefill, loaded.steps.decode
     assert (len(prefill.graphs), len(decode.graphs)) == (1, 2)
-    cpu = torch.device("cpu")
-    assert decode.match(*shapes.example_args("decode", shapes.Shape(1, 64), cpu)) is decode.graphs[0]
+    assert decode.match(*shapes.example_args("decode", shapes.Shape(1, 64), cfg)) is decode.graphs[0]
     for batch in range(2, cfg.max_batch_size + 1):
-        assert decode.match(*shapes.example_args("decode", shapes.Shape(batch, 64), cpu)) is decode.graphs[1]
+        assert decode.match(*shapes.example_args("decode", shapes.Shape(batch, 64), cfg)) is decode.graphs[1]
 
 
 @pytest.mark.parametrize(("name", "shape"), [("decode", shapes.Shape(1, 64)), ("decode", shapes.Shape(3, 64)),
                                            ("prefill", shapes.Shape(2, 16, 64))])
-def test_steps_are_called_flat_with_their_bytecode_s_results(loaded, name, shape):
+def test_steps_are_called_flat_with_their_bytecode_s_results(loaded, cfg, name, shape):
     """After a first call, a step skips the bytecode that gathers its inputs (flat_call), and
     returns what the bytecode returns."""
     step = getattr(loaded.steps, name)
-    first = shapes.example_args(name, shape, torch.device("cpu"))
+    first = shapes.example_args(name, shape, cfg)
     step(*first)
     assert step.called_flat(*first)
     # Same shapes, other tokens: the flat call must use this call's tensors, not the first call's.
@@ -203,11 +204,11 @@ def test_steps_are_called_flat_with_their_bytecode_s_results(loaded, name, shape
     assert not torch.equal(through_bytecode, step(*first))
 
 
-def test_a_graph_whose_inputs_cannot_be_placed_keeps_its_bytecode_and_says_so(loaded, monkeypatch, caplog):
+def test_a_graph_whose_inputs_cannot_be_placed_keeps_its_bytecode_and_says_so(loaded, cfg, monkeypatch, caplog):
     decode = loaded.steps.decode
     step = aot.CompiledStep(decode.model, "decode", decode.graphs)
     monkeypatch.setattr(aot, "record", lambda graph, model, args: (graph(model, *args), None))  # recording gives up
-    args = shapes.example_args("decode", shapes.Shape(1, 64), torch.device("cpu"))
+    args = shapes.example_args("decode", shapes.Shape(1, 64), cfg)
     first = step(*args)
     assert not step.called_flat(*args)
     assert "decode: the graph for shapes" in caplog.text and "called through its bytecode" in caplog.text

@@ -75,7 +75,7 @@ def test_a_failed_lookup_is_kept_for_build_steps_to_judge(tmp_path, monkeypatch)
     wanted = request(tmp_path / "aot")
     kept = look_up_in_background(config(warm_start="background"), wanted)
     assert isinstance(kept.error, OSError)
-    model = tiny_transformer(slots=2, max_seq_len=32)
+    model = tiny_transformer(pages=4, max_seq_len=32)
     with pytest.raises(CompileError, match="cache volume gone"):
         build_steps(model, config(warm_start="background"), artifacts_wanted=wanted, lookup=kept)
     reasons = []

@@ -16,6 +16,7 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile, saved_graphs
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
+from handler.engine.kv_pages import own_pages
 
 pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
 
@@ -51,10 +52,10 @@ def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, mod
     assert steps.examples["decode"][0].batch == 1  # batch-1 graph first: match() picks it
     here = aot.compile_steps(model, cfg)  # the same graphs compiled in this process
     tokens = torch.tensor([[5, 17, 42, 7, 0], [3, 9, 11, 0, 0]])
-    prefill_args = (tokens, torch.arange(2), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)
+    prefill_args = (tokens, own_pages(2, cfg.max_seq_len), torch.tensor([0, 0]), torch.tensor([3, 2]), 64)
     assert torch.equal(steps.prefill(*prefill_args), here.prefill(*prefill_args))
     for batch in (1, 3):
-        decode_args = (torch.arange(batch) + 4, torch.full((batch,), 5), 64)
+        decode_args = (torch.arange(batch) + 4, own_pages(batch, cfg.max_seq_len), torch.full((batch,), 5), 64)
         assert steps.decode.match(*decode_args) is steps.decode.graphs[batch > 1]
         assert torch.equal(steps.decode(*decode_args), here.decode(*decode_args))
 

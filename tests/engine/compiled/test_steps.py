@@ -20,7 +20,7 @@ NO_CHECKPOINT = Path("never-read")
 
 @pytest.fixture
 def model():
-    return tiny_transformer(slots=2, max_seq_len=32)
+    return tiny_transformer(pages=4, max_seq_len=32)
 
 
 @pytest.fixture

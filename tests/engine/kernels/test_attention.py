@@ -1,15 +1,39 @@
 """ts_llm::attention against attention in float64: one query (decode) and a chunk of queries
 (prefill), grouped heads, contexts inside one block and across several, bfloat16 and float32 caches
-read through the KV cache's strides, masks that hide positions (causal chunks, a sliding window, a
-slot's unwritten tail), and the same bits whatever the batch, the chunk or the threads; and the
-checks that keep bad tensors out of C."""
+read through the KV cache's pages (in any order) and strides, masks that hide positions (causal
+chunks, a sliding window, a sequence's unwritten tail), and the same bits whatever the batch, the
+chunk, the pages or the threads; and the checks that keep bad tensors out of C."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from handler.engine.kernels import build
-from handler.engine.kernels.attention import attention
+from handler.engine.kernels.attention import attention as paged_attention
+
+PAGE = 16
+
+
+def _pages(keys, values, order=None):
+    """Dense keys and values [B, KV, S, D] as the engine passes them: pages [P, KV, PAGE, D] of a larger
+    cache (strided), in the order `order` (default: shuffled), and each sequence's page table [B, N]."""
+    b, kv, s, d = keys.shape
+    n = -(-s // PAGE)
+    order = torch.randperm(b * n) if order is None else order
+    caches = []
+    for dense in (keys, values):
+        cache = torch.zeros(b * n, kv, PAGE + 3, d, dtype=dense.dtype)[:, :, :PAGE]
+        padded = torch.zeros(b, kv, n * PAGE, d, dtype=dense.dtype)
+        padded[:, :, :s] = dense
+        cache[order] = padded.view(b, kv, n, PAGE, d).transpose(1, 2).reshape(b * n, kv, PAGE, d)
+        caches.append(cache)
+    return caches[0], caches[1], order.view(b, n)
+
+
+def attention(q, keys, values, visible, scale, order=None):
+    """The kernel on dense keys and values, paged first. visible [B, T, S]."""
+    k, v, table = _pages(keys, values, order)
+    return paged_attention(q, k, v, table, visible, scale)
 
 
 def decode_attention(q, keys, values, visible, scale):
@@ -27,11 +51,9 @@ def _reference(q, keys, values, visible, scale):
     return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
-def _cache(b, kv, s, d, dtype, spare=5):
-    """Keys and values as the engine passes them: a slice of a larger cache [slots, K, max_seq, D]."""
-    k = torch.randn(b + 2, kv, s + spare, d).to(dtype)
-    v = torch.randn(b + 2, kv, s + spare, d).to(dtype)
-    return k[:b, :, :s], v[:b, :, :s]
+def _cache(b, kv, s, d, dtype):
+    """Dense keys and values [B, KV, S, D] (attention() pages them)."""
+    return torch.randn(b, kv, s, d).to(dtype), torch.randn(b, kv, s, d).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -134,20 +156,41 @@ def test_a_long_chunk_in_passes_has_the_bits_of_short_chunks():
     assert torch.equal(whole[:, :, 1000:1100], part)
 
 
+def test_the_same_bits_whatever_pages_hold_the_positions():
+    torch.manual_seed(6)
+    q = torch.randn(2, 8, 3, 64)
+    keys, values = _cache(2, 2, 500, 64, torch.bfloat16)
+    visible = _causal(2, 3, 500, [497, 300])
+    in_order = attention(q, keys, values, visible, 0.125, order=torch.arange(64))
+    assert torch.equal(attention(q, keys, values, visible, 0.125), in_order)
+
+
 def test_refuses_keys_of_another_head_dimension():
     q, visible = torch.randn(1, 4, 1, 64), torch.ones(1, 1, 10, dtype=torch.bool)
-    keys = torch.randn(1, 2, 10, 32)
-    with pytest.raises(RuntimeError, match=r"attention: k \[1, 2, 10, 32\] and v"):
-        torch.ops.ts_llm.attention(q, keys, keys, visible, 1.0)
+    keys = torch.randn(1, 2, PAGE, 32)
+    with pytest.raises(RuntimeError, match=r"attention: k \[1, 2, 16, 32\] and v"):
+        torch.ops.ts_llm.attention(q, keys, keys, torch.zeros(1, 1, dtype=torch.long), visible, 1.0)
 
 
-def test_refuses_a_mask_of_another_length():
-    q, keys = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64)
-    with pytest.raises(RuntimeError, match=r"visible must be bool \[B, T, S\] = \[1, 1, 10\], got \[1, 1, 9\]"):
-        torch.ops.ts_llm.attention(q, keys, keys, torch.ones(1, 1, 9, dtype=torch.bool), 1.0)
+def test_refuses_a_mask_for_another_batch():
+    q, keys = torch.randn(1, 4, 1, 64), torch.randn(1, 2, PAGE, 64)
+    with pytest.raises(RuntimeError, match=r"visible must be bool \[B, T, S\] = \[1, 1, S\], got \[2, 1, 9\]"):
+        torch.ops.ts_llm.attention(q, keys, keys, torch.zeros(1, 1, dtype=torch.long), torch.ones(2, 1, 9, dtype=torch.bool), 1.0)
+
+
+def test_refuses_a_page_table_too_short_for_the_mask():
+    q, keys = torch.randn(1, 4, 1, 64), torch.randn(2, 2, PAGE, 64)
+    with pytest.raises(RuntimeError, match=r"pages must be int64 \[B, N\] with N \* 16 >= 20"):
+        torch.ops.ts_llm.attention(q, keys, keys, torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 20, dtype=torch.bool), 1.0)
+
+
+def test_refuses_a_page_outside_the_cache():
+    q, keys = torch.randn(1, 4, 1, 64), torch.randn(2, 2, PAGE, 64)
+    with pytest.raises(RuntimeError, match="sequence 0's page 1 is 2, outside the cache's 2 pages"):
+        torch.ops.ts_llm.attention(q, keys, keys, torch.tensor([[0, 2]]), torch.ones(1, 1, 20, dtype=torch.bool), 1.0)
 
 
 def test_refuses_more_query_heads_per_kv_head_than_it_holds():
-    q, keys = torch.randn(1, 64, 1, 16), torch.randn(1, 1, 10, 16)
+    q, keys = torch.randn(1, 64, 1, 16), torch.randn(1, 1, PAGE, 16)
     with pytest.raises(RuntimeError, match="query heads per KV head"):
-        torch.ops.ts_llm.attention(q, keys, keys, torch.ones(1, 1, 10, dtype=torch.bool), 1.0)
+        torch.ops.ts_llm.attention(q, keys, keys, torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 10, dtype=torch.bool), 1.0)

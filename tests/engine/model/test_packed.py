@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from handler.engine import platform
 from handler.engine.compiled import aot
+from handler.engine.kv_pages import own_pages, page_columns
 from handler.engine.model import packed
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
@@ -83,7 +84,7 @@ def _tiny(dtype: torch.dtype) -> Transformer:
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.1)
     model = model.to(dtype).eval()
-    model.setup_cache(4, 64)
+    model.setup_cache(3 * page_columns(64), 64)
     return model
 
 
@@ -91,7 +92,7 @@ def _decode_logits(model: Transformer, fn=None) -> torch.Tensor:
     fn = fn or model.decode
     tokens, pos = torch.tensor([3, 7, 11]), torch.tensor([0, 0, 0])
     with torch.no_grad():
-        return fn(tokens, pos, 16)
+        return fn(tokens, own_pages(3, 64), pos, 16)
 
 
 @pytest.mark.parametrize("dtype,packing", PACKINGS)
@@ -109,12 +110,12 @@ def test_a_compiled_graph_with_packed_weights_saves_and_loads(tmp_path, dtype, p
     model = _tiny(dtype)
     model.pack_weights(packing)
     want = _decode_logits(model)
-    tokens, pos = torch.tensor([3, 7, 11]), torch.tensor([0, 0, 0])
-    torch._dynamo.decorators.mark_unbacked(tokens, 0)
-    torch._dynamo.decorators.mark_unbacked(pos, 0)
+    tokens, pages, pos = torch.tensor([3, 7, 11]), own_pages(3, 64), torch.tensor([0, 0, 0])
+    for batched in (tokens, pages, pos):
+        torch._dynamo.decorators.mark_unbacked(batched, 0)
     compiled = torch.compile(model.decode, fullgraph=True, dynamic=True)
     with torch.no_grad(), aot.trace_settings():
-        graph = compiled.aot_compile(((tokens, pos, 16), {}))
+        graph = compiled.aot_compile(((tokens, pages, pos, 16), {}))
     graph.save_compiled_function(str(tmp_path / "decode.bin"))
     with open(tmp_path / "decode.bin", "rb") as f:
         loaded = torch.compiler.load_compiled_function(f)

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from handler.engine.checkpoint import load_model, open_checkpoint
+from handler.engine.kv_pages import own_pages, page_columns
 
 FP32_ATOL = 2e-4  # max |logit difference| allowed in fp32 (logits are O(10))
 
@@ -23,7 +24,7 @@ def _compare_prefill_and_decode(path, prompt_ids, chunk: int | None = None):
     """Our prefill (in chunks of `chunk` tokens, each attending to the cached ones) and one decode
     step against transformers' logits for the same tokens."""
     ours = load_model(open_checkpoint(path), torch.float32)
-    ours.setup_cache(2, 64)
+    ours.setup_cache(page_columns(64), 64)
     ref = _reference(path)
     ids = torch.tensor([prompt_ids])
     t = ids.shape[1]
@@ -32,10 +33,10 @@ def _compare_prefill_and_decode(path, prompt_ids, chunk: int | None = None):
         ref_logits = ref(ids).logits[0]
         for start in range(0, t, chunk):
             piece = ids[:, start:start + chunk]
-            got_prefill = ours.prefill(piece, torch.tensor([0]), torch.tensor([start]), torch.tensor([piece.shape[1] - 1]), 64)[0]
+            got_prefill = ours.prefill(piece, own_pages(1, 64), torch.tensor([start]), torch.tensor([piece.shape[1] - 1]), 64)[0]
         nxt = int(ref_logits[-1].argmax())
         ref_next = ref(torch.cat([ids, torch.tensor([[nxt]])], 1)).logits[0, -1]
-        got_next = ours.decode(torch.tensor([nxt]), torch.tensor([t]), t + 1)[0]
+        got_next = ours.decode(torch.tensor([nxt]), own_pages(1, 64), torch.tensor([t]), t + 1)[0]
     assert (got_prefill - ref_logits[-1]).abs().max().item() < FP32_ATOL
     assert (got_next - ref_next).abs().max().item() < FP32_ATOL
 
@@ -157,9 +158,9 @@ def test_a_window_changes_what_is_computed(mistral_window_checkpoint):
     outs = []
     with torch.inference_mode():
         for model in (windowed, full):
-            model.setup_cache(1, 64)
+            model.setup_cache(page_columns(64), 64)
             ids = torch.tensor([LONG_PROMPT])
-            outs.append(model.prefill(ids, torch.tensor([0]), torch.tensor([0]), torch.tensor([len(LONG_PROMPT) - 1]), 64)[0])
+            outs.append(model.prefill(ids, own_pages(1, 64), torch.tensor([0]), torch.tensor([len(LONG_PROMPT) - 1]), 64)[0])
     assert (outs[0] - outs[1]).abs().max().item() > 100 * FP32_ATOL
 
 

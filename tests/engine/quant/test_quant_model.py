@@ -10,6 +10,7 @@ import torch
 from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
+from handler.engine.kv_pages import own_pages, page_columns
 from handler.engine.quant.apply import projections
 from handler.engine.quant.ops import dequantize
 
@@ -17,7 +18,7 @@ from handler.engine.quant.ops import dequantize
 def _logits(model, tokens):
     with torch.no_grad():
         t = tokens.shape[1]
-        return model.prefill(tokens, torch.tensor([0]), torch.tensor([0]), torch.tensor([t - 1]), -(-t // 64) * 64)
+        return model.prefill(tokens, own_pages(1, 64), torch.tensor([0]), torch.tensor([t - 1]), -(-t // 64) * 64)
 
 
 # The kernels round every row of x to int8 per block of 32 (kernels/quantized.c), in every projection of
@@ -35,7 +36,7 @@ def _dequantized_twin(model, ckpt):
     embedding = model.tok_embeddings  # a GGUF's stays quantized: its rows dequantized as looked up
     weight = embedding.weight if isinstance(embedding, torch.nn.Embedding) else dequantize(embedding.stored.weight)
     twin.tok_embeddings.weight = torch.nn.Parameter(weight.float(), requires_grad=False)
-    twin.setup_cache(2, 64)
+    twin.setup_cache(page_columns(64), 64)
     return twin
 
 
@@ -69,7 +70,7 @@ def test_a_gguf_beside_the_checkpoint_is_served_under_auto(tiny_checkpoint, tmp_
 
 
 def _with_cache(model):
-    model.setup_cache(2, 64)
+    model.setup_cache(page_columns(64), 64)
     return model
 
 
