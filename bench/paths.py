@@ -31,7 +31,7 @@ from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.compiled import aot
 from handler.engine.convert import ensure_default_checkpoint
 from handler.engine.kernels import build, matvec
-from handler.engine.kv_pages import own_pages, page_columns
+from handler.engine.kv.pages import own_pages, page_columns
 from handler.engine.model import packed
 from handler.engine.model.linear import Linear
 

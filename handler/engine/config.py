@@ -44,7 +44,7 @@ class EngineConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     max_batch_size: int = 32  # slots: sequences decoded together
     max_seq_len: int = 2048  # prompt + generated tokens per sequence
-    # The KV cache's positions, one pool every sequence takes pages of as it grows (handler.engine.kv_pages);
+    # The KV cache's positions, one pool every sequence takes pages of as it grows (handler.engine.kv.pages);
     # 0: max_batch_size x max_seq_len. At least max_seq_len: one request may fill the whole context.
     kv_tokens: int = 0
     compile: Literal["inductor", "eager"] = "inductor"
@@ -78,7 +78,7 @@ class EngineConfig:
     # longer prompts are prefilled in chunks between decode steps, so running streams keep going.
     prefill_chunk: int = 512
     # Keep each slot's KV after its sequence ends, and start a prompt that shares a prefix with
-    # what a slot holds after that prefix (handler.engine.prefix_cache). Changes no graph.
+    # what a slot holds after that prefix (handler.engine.kv.prefix_cache). Changes no graph.
     prefix_caching: bool = True
 
     def __post_init__(self):

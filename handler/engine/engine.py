@@ -9,14 +9,14 @@ way, so a cached prompt gives the same greedy text; a prompt the cache holds nee
 Finished sequences free their slot at once, so a waiting request can take it before the next
 step: this is what continuous batching needs.
 
-The KV cache is one budget of pages (handler.engine.kv_pages), not max_seq_len positions per slot:
+The KV cache is one budget of pages (handler.engine.kv.pages), not max_seq_len positions per slot:
 a sequence gets pages as it grows, so one request may use the whole context while short ones share
 the rest. A request is added only when the pages its prompt and max_new_tokens could fill are not
 promised to running ones (EngineFull: the caller keeps it waiting), so a running stream never
 runs out of pages and none is ever evicted; what idle slots keep for the prefix cache is given up,
 least recently used first, when pages run short.
 
-A slot keeps its KV pages after its sequence ends (handler.engine.prefix_cache records which
+A slot keeps its KV pages after its sequence ends (handler.engine.kv.prefix_cache records which
 tokens): with prefix caching a new prompt that shares a prefix with what some slot holds prefills
 only the rest, in that slot or sharing the prefix's pages with it. The engine holds no threads and does no
 I/O; the TorchServe handler drives it.
@@ -31,12 +31,12 @@ from torch import Tensor
 from handler.engine import EngineError
 from handler.engine.compiled.shapes import PREFILL_PAD, decode_window, prefill_width
 from handler.engine.grammar import GrammarError, Grammars, Matcher
-from handler.engine.kv_pages import PAGE, pages_for
+from handler.engine.kv.pages import PAGE, pages_for
+from handler.engine.kv.prefix_cache import BLOCK, common_prefix
+from handler.engine.kv.slot_memory import CopyPageFn, SlotMemory
 from handler.engine.next_token import constrain, record
-from handler.engine.prefix_cache import BLOCK, common_prefix
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
 from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, restore
-from handler.engine.slot_memory import CopyPageFn, SlotMemory
 from handler.engine.tokenizer import Tokenizer
 
 # (tokens[B,T], pages[B,N], start_pos[B], last_index[B], kv_len) -> logits[B,V]: see Transformer.prefill
@@ -94,7 +94,7 @@ class Engine:
 
     def _unpromised(self) -> int:
         """Pages no running sequence may still fill: each is promised what its prompt and
-        max_new_tokens could (handler.engine.slot_memory)."""
+        max_new_tokens could (handler.engine.kv.slot_memory)."""
         promised = sum(pages_for(len(s.prompt_ids) + s.params.max_new_tokens) for s in self._slots if s is not None)
         return self.pages - promised
 

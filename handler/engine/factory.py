@@ -33,7 +33,7 @@ from handler.engine.engine import Engine
 from handler.engine.grammar import Grammars
 from handler.engine.kernels import build as kernels, threads
 from handler.engine.kernels.threads import ThreadSettings
-from handler.engine.kv_pages import pages_for
+from handler.engine.kv.pages import pages_for
 from handler.engine.model.transformer import Transformer
 from handler.engine.tokenizer import Tokenizer
 

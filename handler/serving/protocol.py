@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from handler.engine.kv_pages import PAGE, pages_for
+from handler.engine.kv.pages import PAGE, pages_for
 from handler.engine.sampling import SamplingParams
 from handler.serving.request_fields import Limits, RequestError, get_field
 from handler.serving.sampling_fields import sampling_params

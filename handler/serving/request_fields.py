@@ -23,7 +23,7 @@ class Limits:
     max_n: int = MAX_N  # at most the engine's slots
     vocab_size: int | None = None  # the tokenizer's: token ids in logit_bias / stop_token_ids must be below it
     tool_format: str = "generic"  # how the model's chat template writes tool calls (tools.tool_format)
-    kv_pages: int | None = None  # the engine's KV cache (handler.engine.kv_pages): what n samples together may fill
+    kv_pages: int | None = None  # the engine's KV cache (handler.engine.kv.pages): what n samples together may fill
 
 
 def get_field(data: dict, key: str, kind: type, default):

@@ -1,4 +1,4 @@
-"""The engine over one budget of KV pages (handler.engine.kv_pages) on the real Transformer with tiny
+"""The engine over one budget of KV pages (handler.engine.kv.pages) on the real Transformer with tiny
 seeded weights: a request may use the whole context while the budget is smaller than slots x
 max_seq_len, a request waits (EngineFull) while pages are promised to running ones and none is
 ever evicted, and what idle slots keep for the prefix cache is taken back when pages run short."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from handler.engine.engine import Engine, EngineFull
-from handler.engine.kv_pages import pages_for
+from handler.engine.kv.pages import pages_for
 from handler.engine.sampling import SamplingParams
 from tests.engine.test_engine_prefix import ids, reference, run
 from tests.support.tiny_model import tiny_engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from handler.engine.engine import Engine
-from handler.engine.prefix_cache import PrefixCache
+from handler.engine.kv.prefix_cache import PrefixCache
 from handler.engine.sampling import SamplingParams
 from handler.engine.sequence import StepOutput
 from tests.support.tiny_model import tiny_engine

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handler.engine.engine import Engine
-from handler.engine.kv_pages import pages_for
+from handler.engine.kv.pages import pages_for
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
 

@@ -6,7 +6,7 @@ import torch
 from handler.engine.checkpoint import Checkpoint, load_model
 from handler.engine.config import DTYPES, EngineConfig
 from handler.engine.kernels import build, matvec
-from handler.engine.kv_pages import pages_for
+from handler.engine.kv.pages import pages_for
 from handler.engine.model.transformer import Transformer
 from handler.engine.quant.apply import quantize_model
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 
 from handler.engine.config import EngineConfig
-from handler.engine.kv_pages import page_columns
+from handler.engine.kv.pages import page_columns
 from handler.engine.model.transformer import Transformer
 
 StepName = Literal["prefill", "decode"]

@@ -38,7 +38,7 @@ from handler.engine.compiled.compile_process import wait_for_compile
 from handler.engine.compiled.errors import CompileError, failure_reason
 from handler.engine.compiled.warm_start import BackgroundLoad
 from handler.engine.config import EngineConfig
-from handler.engine.kv_pages import page_columns
+from handler.engine.kv.pages import page_columns
 from handler.engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ PAGE = 16  # positions per KV page: the prefix cache's block, so a shared full b
 
 class KVPages(nn.Module):
     """The KV cache as pages of PAGE positions, shared by every sequence: a page table row per
-    sequence (an input of each step, made by handler.engine.kv_pages) says which page holds its
+    sequence (an input of each step, made by handler.engine.kv.pages) says which page holds its
     positions [j * PAGE, (j + 1) * PAGE). The last page is scratch: a row's unassigned entries
     point there, so padding writes land where nothing is read."""
 

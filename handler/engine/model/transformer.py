@@ -1,7 +1,7 @@
 """A Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2/3, Gemma 3) written for torch.compile.
 
 Every sequence in a batch has its own position and its own row of the KV cache's page table
-(handler.engine.kv_pages), so prompts of different lengths share one batch, and the cache's pages
+(handler.engine.kv.pages), so prompts of different lengths share one batch, and the cache's pages
 go to whichever sequences need them between two steps.
 Shapes: B = sequences in the call, T = tokens per sequence, S = cached positions attended,
 H = query heads, K = key/value heads, D = head dim.

@@ -31,7 +31,7 @@ from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.kv_pages import own_pages, page_columns
+from handler.engine.kv.pages import own_pages, page_columns
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
 from handler.engine.sampling import SamplingParams

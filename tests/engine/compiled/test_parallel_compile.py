@@ -16,7 +16,7 @@ from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile, saved_graphs
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
-from handler.engine.kv_pages import own_pages
+from handler.engine.kv.pages import own_pages
 
 pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
 

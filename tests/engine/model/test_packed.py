@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from handler.engine import platform
 from handler.engine.compiled import aot
-from handler.engine.kv_pages import own_pages, page_columns
+from handler.engine.kv.pages import own_pages, page_columns
 from handler.engine.model import packed
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer

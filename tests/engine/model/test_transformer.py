@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from handler.engine.checkpoint import load_model, open_checkpoint
-from handler.engine.kv_pages import own_pages, page_columns
+from handler.engine.kv.pages import own_pages, page_columns
 
 FP32_ATOL = 2e-4  # max |logit difference| allowed in fp32 (logits are O(10))
 

@@ -10,7 +10,7 @@ import torch
 from handler.engine.checkpoint import load_model, open_checkpoint
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.engine.kv_pages import own_pages, page_columns
+from handler.engine.kv.pages import own_pages, page_columns
 from handler.engine.quant.apply import projections
 from handler.engine.quant.ops import dequantize
 

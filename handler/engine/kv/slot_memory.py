@@ -1,5 +1,5 @@
-"""What each slot holds of the KV cache: its tokens (handler.engine.prefix_cache) and the pages they
-are on (handler.engine.kv_pages).
+"""What each slot holds of the KV cache: its tokens (handler.engine.kv.prefix_cache) and the pages they
+are on (handler.engine.kv.pages).
 
 The engine promises a sequence, when it is added, the pages its prompt and max_new_tokens could
 fill, and adds one only while enough pages are unpromised (Engine.fits). The pages running
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from handler.engine.kv_pages import PAGE, PagesExhausted, PageTable
-from handler.engine.prefix_cache import PrefixCache
+from handler.engine.kv.pages import PAGE, PagesExhausted, PageTable
+from handler.engine.kv.prefix_cache import PrefixCache
 
 CopyPageFn = Callable[[int, int], None]  # (source page, destination page): every layer's KV
 

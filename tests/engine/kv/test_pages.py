@@ -1,11 +1,11 @@
-"""The KV cache's page table (handler.engine.kv_pages): pages handed out as slots grow, taken back
+"""The KV cache's page table (handler.engine.kv.pages): pages handed out as slots grow, taken back
 as they shrink, shared by reference, copied before a shared page could be written."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from handler.engine.kv_pages import PAGE, PagesExhausted, PageTable, own_pages, page_columns, pages_for
+from handler.engine.kv.pages import PAGE, PagesExhausted, PageTable, own_pages, page_columns, pages_for
 
 
 def test_a_slot_grows_page_by_page_from_the_lowest_free_page():

@@ -2,7 +2,7 @@
 confirmed token by token (shorter prefixes slot by slot), least-recently-used choice."""
 from __future__ import annotations
 
-from handler.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
+from handler.engine.kv.prefix_cache import BLOCK, PrefixCache, common_prefix
 
 SHARED = list(range(100, 100 + 3 * BLOCK))  # three full blocks
 
