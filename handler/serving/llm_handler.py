@@ -5,9 +5,11 @@ everything else is imported from the installed `handler` package.
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, cast
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
@@ -15,15 +17,17 @@ from ts.utils.util import PredictionException
 
 from handler.drain_flag import DrainFlag
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
+from handler.engine.engine import Engine
 from handler.engine.factory import build_engine
 from handler.resume.records import ExpiryPolicy, ResumeRecords, open_records
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.dynamic_service import DynamicService
 from handler.serving.live import Incoming, Reply
-from handler.serving.loop_service import Delivery, LoopService
+from handler.serving.loop_service import LoopService
 from handler.serving.metrics import EngineModeGauge, TorchServeSink
 from handler.serving.request_fields import MAX_N, Limits
+from handler.serving.service import BaseService
 from handler.serving.tools import tool_format
 
 log = logging.getLogger(__name__)
@@ -50,7 +54,8 @@ def _not_per_step_metric(record: logging.LogRecord) -> bool:
 class LLMHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
-        self.service: ContinuousService | DynamicService | LoopService | None = None
+        self.service: BaseService | None = None
+        self.awaited = False  # asyncCommunication: TorchServe awaits what handle returns
 
     def initialize(self, context):
         props = context.system_properties
@@ -81,52 +86,45 @@ class LLMHandler(BaseHandler):
         limits = Limits(engine_cfg.max_seq_len, cfg.max_new_tokens_cap, cfg.default_max_new_tokens, cfg.served_model_name,
                         min(MAX_N, engine_cfg.max_batch_size), loaded.engine.tokenizer.vocab_size,
                         tool_format(loaded.engine.tokenizer.chat_template), loaded.engine.pages)
-        service_cls = {"continuous": ContinuousService, "dynamic": DynamicService, "async": LoopService}[cfg.batching]
-        mode_args = {}
-        if service_cls is ContinuousService:
+        if cfg.batching == "continuous":
             logging.getLogger("ts.metrics.caching_metric").addFilter(_not_per_step_metric)
-            mode_args["call_seconds"] = cfg.continuous_call_ms / 1000
-            mode_args["step_ahead"] = cfg.continuous_step_ahead
-        flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
-        self.service = service_cls(loaded.engine, limits, sink, draining=flag.draining if flag else lambda: False,
-                                   cutting=flag.cutting if flag else lambda: False, records=resume_records(cfg),
-                                   **mode_args)
-        if isinstance(self.service, LoopService):
-            self.service.start()
+        self.service = build_service(cfg, loaded.engine, limits, sink)
+        self.service.start()
+        self.awaited = cfg.batching == "async"
         self.initialized = True
 
     def handle(self, data, context):
-        if isinstance(self.service, LoopService):
-            return self._handle_async(self.service, data, context)  # asyncCommunication: TorchServe awaits it
-        # One error boundary: bad requests were answered per request inside the service; what
-        # reaches here is a server fault, reported for the whole batch.
         batch = [_incoming(i, row, context) for i, row in enumerate(data)]
         assert self.service is not None, "handle before initialize"
+        send = functools.partial(_send_partial, context=context)
+        if self.awaited:  # the engine thread's own error boundary fails what it was running
+            return _apply_later(cast("Awaitable[list[Reply]]", self.service.handle(batch, send)), context)
+        # One error boundary: bad requests were answered per request inside the service; what
+        # reaches here is a server fault, reported for the whole batch.
         try:
-            replies = self.service.handle(batch, lambda partial: _send_partial(partial, context))
+            replies = cast("list[Reply]", self.service.handle(batch, send))
         except Exception as err:
             log.exception("generation failed")
             self.service.abandon([inc.request_id for inc in batch])
             raise PredictionException(f"generation failed: {type(err).__name__}: {err}", 500) from err
         return _apply(replies, context)
 
-    async def _handle_async(self, service: LoopService, data, context) -> list[str]:
-        # Each request goes to the engine thread, which sends its streamed pieces itself; the
-        # last reply comes back here and TorchServe sends it (ending the stream).
-        loop = asyncio.get_running_loop()
-        finals = []
-        for idx, row in enumerate(data):
-            final: asyncio.Future[Reply] = loop.create_future()
-            finals.append(final)
 
-            def piece(reply: Reply, i: int = idx) -> None:
-                _send_partial({i: reply}, context)
+def build_service(cfg: HandlerConfig, engine: Engine, limits: Limits, sink: TorchServeSink) -> BaseService:
+    """The service of cfg.batching over the engine, with the drain flag's and the resume store's hooks."""
+    flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
+    hooks: dict[str, Any] = {"draining": flag.draining if flag else lambda: False,
+                             "cutting": flag.cutting if flag else lambda: False, "records": resume_records(cfg)}
+    if cfg.batching == "continuous":
+        return ContinuousService(engine, limits, sink, call_seconds=cfg.continuous_call_ms / 1000,
+                                 step_ahead=cfg.continuous_step_ahead, **hooks)
+    return {"dynamic": DynamicService, "async": LoopService}[cfg.batching](engine, limits, sink, **hooks)
 
-            def done(reply: Reply, f: asyncio.Future[Reply] = final) -> None:
-                loop.call_soon_threadsafe(f.set_result, reply)
 
-            service.submit(_incoming(idx, row, context), Delivery(piece=piece, done=done))
-        return _apply(list(await asyncio.gather(*finals)), context)
+async def _apply_later(replies: Awaitable[list[Reply]], context) -> list[str]:
+    """asyncCommunication: the last replies once the engine thread gives them; TorchServe sends
+    them (ending each stream)."""
+    return _apply(list(await replies), context)
 
 
 def artifact_places(cfg: HandlerConfig, model_dir: Path) -> ArtifactPlaces:

@@ -19,17 +19,18 @@ continuous mode (token by token needs dynamic mode).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from handler.serving import openmp
 from handler.serving.formats import error_body
-from handler.serving.live import Incoming, Reply
+from handler.serving.live import Incoming, Reply, SendPartial
 from handler.serving.service import BaseService
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,25 @@ class LoopService(BaseService):
     def submit(self, inc: Incoming, delivery: Delivery) -> None:
         """From any thread; the engine thread admits it before its next step."""
         self._inbox.put((inc, delivery))
+
+    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> Awaitable[list[Reply]]:
+        """One call's requests, each handed to the engine thread, which sends their streamed pieces
+        through `send_partial` itself; what is returned gives their last replies, in batch order.
+        From the running event loop (TorchServe's asyncCommunication awaits it)."""
+        loop = asyncio.get_running_loop()
+        finals: list[asyncio.Future[Reply]] = []
+        for idx, inc in enumerate(batch):
+            final: asyncio.Future[Reply] = loop.create_future()
+            finals.append(final)
+
+            def piece(reply: Reply, i: int = idx) -> None:
+                send_partial({i: reply})
+
+            def done(reply: Reply, f: asyncio.Future[Reply] = final) -> None:
+                loop.call_soon_threadsafe(f.set_result, reply)
+
+            self.submit(inc, Delivery(piece=piece, done=done))
+        return asyncio.gather(*finals)
 
     def start(self) -> None:
         """From the thread that built the engine: its OpenMP workers are released first, or the

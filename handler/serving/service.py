@@ -15,7 +15,7 @@ Transport rules come from TorchServe 0.12.0's frontend:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
@@ -25,7 +25,7 @@ from handler.resume.ids import ResumePoint, event_id, new_key
 from handler.resume.records import ResumeRecords
 from handler.serving import resumption
 from handler.serving.formats import Choice, Formatter, error_body, model_body, model_list_body
-from handler.serving.live import Incoming, Live, Reply, Sample
+from handler.serving.live import Incoming, Live, Reply, Sample, SendPartial
 from handler.serving.metrics import MetricSink
 from handler.serving.protocol import GenerationRequest, check_model, models_route, parse_request
 from handler.serving.request_fields import Limits, RequestError
@@ -46,6 +46,15 @@ class BaseService:
         self.draining, self.cutting = draining, cutting
         self.live: dict[str, Live] = {}
         self.started = int(time.time())  # the model list's `created`
+
+    def start(self) -> None:
+        """Called once, on the thread that built the engine (LoopService starts its engine thread)."""
+
+    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply] | Awaitable[list[Reply]]:
+        """One TorchServe call's requests: their replies, by batch index (an awaitable of them in
+        asyncCommunication mode); streamed pieces go through `send_partial` where the mode sends
+        them between replies."""
+        raise NotImplementedError
 
     def abandon(self, request_ids: list[str]) -> None:
         """Forget these requests (the handler's error boundary failed their batch): out of the engine

@@ -2,6 +2,7 @@
 and once on its own thread."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
@@ -173,3 +174,22 @@ def test_a_cut_ends_running_requests_each_with_a_retryable_error():
     assert json.loads(stream.final.body.removeprefix("data: "))["error"]["code"] == 503 and stream.final.more is False
     assert whole.final.status == 503 and whole.final.more is None
     assert svc.engine.running == 0 and not svc.live
+
+
+def test_a_call_is_handled_as_an_awaitable_of_its_last_replies_in_batch_order():
+    """asyncCommunication's way in: handle hands each request to the engine thread and returns an
+    awaitable of the last replies; streamed pieces go out through send_partial by batch index."""
+    svc = service()
+    svc.start()
+    pieces: list[dict[int, Reply]] = []
+
+    async def call() -> list[Reply]:
+        batch = [Incoming("a", req("a", n=3, stream=True), True), Incoming("b", req("x", n=2), True)]
+        return await svc.handle(batch, pieces.append)
+
+    try:
+        finals = asyncio.run(asyncio.wait_for(call(), timeout=30))
+    finally:
+        svc.stop()
+    assert json.loads(finals[0].body)["text"] == "d" and json.loads(finals[1].body)["text"] == "yz"
+    assert [json.loads(p[0].body)["text"] for p in pieces if 0 in p] == ["b", "c"] and all(1 not in p for p in pieces)
