@@ -228,6 +228,8 @@ def markdown(r: dict, argv: str) -> str:
         *rows,
         "",
         "Targets: " + ", ".join(f"`{k}` {r[k]:.2f}" if isinstance(r[k], float) else f"`{k}` {r[k]}" for k in keys),
+        "",
+        "![scale](results/scale.png)",
     ])
 
 
