@@ -20,10 +20,10 @@ def compile_and_install(model: Transformer, cfg: EngineConfig, key: CacheKey, de
     """AOT-compile and install the artifact for `key` in dest (cold start and archive.sh --aot);
     returns the steps, loaded back from the files the artifact holds: an artifact of graphs that
     do not load is never installed. Call it holding dest's lock when others may read it.
-    `fork_threads`: see parallel_compile.compile_steps."""
+    `fork_threads`: see parallel_compile.compile_in_parts."""
     model_cache = cpp_cache.inductor_cache_dir()  # where `model`'s own kernels were built
     with cpp_cache.private_build_dirs() as build_dir:
-        saved = parallel_compile.compile_steps(model, cfg, model_cache, build_dir, fork_threads)
+        saved = parallel_compile.compile_in_parts(model, cfg, model_cache, build_dir, fork_threads)
 
         def write(staged: Path) -> None:
             saved_graphs.save_artifacts(saved, staged, build_dir)

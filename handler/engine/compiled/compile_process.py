@@ -62,7 +62,7 @@ def wait_for_compile(process: subprocess.Popen) -> None:
                            "the worker log above, as 'compile process:'")
 
 
-def compile_into(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int | None = None) -> str:
+def compile_artifact(cfg: EngineConfig, digest: str, dest: Path, fork_threads: int | None = None) -> str:
     """Compile and install the artifact for `cfg` in dest unless a verified one is there; says
     what it did. The key is computed here as the worker computes it and must be the one asked.
     `fork_threads`: this process has run torch on one thread so far (see main)."""
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # One thread until the processes compiling beside this one are forked, with the model as
     # prepared here (handler.engine.compiled.parallel_compile); then the worker's count.
     torch.set_num_threads(1)
-    log.info(compile_into(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
+    log.info(compile_artifact(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
     return 0
 
 

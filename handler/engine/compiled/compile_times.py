@@ -34,7 +34,7 @@ def expected(folder: Path, parts: tuple[str, ...], layers: int, cores: int) -> t
             f"a {REFERENCE_CORES}-core reference machine")
 
 
-def record(folder: Path, layers: int, seconds: dict[str, float]) -> None:
+def save(folder: Path, layers: int, seconds: dict[str, float]) -> None:
     path = folder / FILE
     try:
         recorded = json.loads(path.read_text())

@@ -112,7 +112,7 @@ def _copy(path: Path, root: Path, dest: Path, folder: str) -> str:
     return rel
 
 
-def install(src: Path, packed: dict[str, list[str]]) -> int:
+def install_kernels(src: Path, packed: dict[str, list[str]]) -> int:
     """Put packed files where Inductor looks for them; files already there are kept (same name,
     same content key). Each lands by rename, so a concurrent worker never reads half a file.
     Returns how many were installed."""

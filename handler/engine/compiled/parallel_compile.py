@@ -72,7 +72,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path,
+def compile_in_parts(model: Transformer, cfg: EngineConfig, model_cache_dir: str, build_dir: Path,
                   fork_threads: int | None = None) -> dict[shapes.StepName, saved_graphs.SavedGraphs]:
     """Every step's graphs (aot.compile_steps), saved under `build_dir` (the private build dir,
     cpp_cache.private_build_dirs, this compile's Inductor cache) and loaded back once, with the
@@ -109,7 +109,7 @@ def compile_steps(model: Transformer, cfg: EngineConfig, model_cache_dir: str, b
                                 for part, child, out in zip(IN_CHILDREN, children, outs, strict=True))
     finally:
         _stop(children)  # this side failed or was interrupted: the children's work is moot
-    compile_times.record(Path(model_cache_dir), len(model.layers), side_by_side.done)
+    compile_times.save(Path(model_cache_dir), len(model.layers), side_by_side.done)
     # decode's general graphs after the batch-1 graph: match() takes the first that accepts a call
     return {"prefill": prefill, "decode": decode + general}
 
@@ -210,7 +210,7 @@ def _stop(children: list[Child]) -> None:
             child.join()
 
 
-def compile_into(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
+def compile_part_in_child(cfg: EngineConfig, part: Part, model_cache_dir: Path, kernel_dir: Path, out: Path) -> None:
     """A started child's work: the model as the parent has it (prepared in the parent's Inductor
     cache, where its quantized kernels are built already), then _compile_part with its kernels
     and header built in `kernel_dir` (the parent's build dir)."""
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kinds: {args.kinds!r}; each must be one of {', '.join(aot.KINDS)}")
     part = Part(args.step, kinds)
     _as_child(part, args.parent, args.threads)
-    compile_into(config.from_json(args.config), part, args.model_cache_dir, args.kernel_dir, args.out)
+    compile_part_in_child(config.from_json(args.config), part, args.model_cache_dir, args.kernel_dir, args.out)
     return 0
 
 

@@ -85,7 +85,7 @@ def save_artifacts(saved: dict[StepName, SavedGraphs], out_dir: Path, build_dir:
 def load_artifacts(model: Transformer, art_dir: Path) -> AotSteps:
     """Load verified artifacts (the caller checked them against their manifest) onto `model`."""
     index = read_index(art_dir)
-    installed = cpp_cache.install(art_dir, index["cpp"])
+    installed = cpp_cache.install_kernels(art_dir, index["cpp"])
     before = cpp_cache.compiled_libraries()
     steps = serving_steps(model, {name: reload(index["steps"][name], art_dir) for name in STEPS})
     built = len(cpp_cache.compiled_libraries() - before)

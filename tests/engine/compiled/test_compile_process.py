@@ -16,7 +16,7 @@ from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import artifacts
 from handler.engine.compiled.artifacts import ArtifactPlaces
-from handler.engine.compiled.compile_process import compile_into, wait_for_compile
+from handler.engine.compiled.compile_process import compile_artifact, wait_for_compile
 from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
@@ -84,7 +84,7 @@ def _alive(pid: int) -> bool:
 
 def test_the_process_refuses_a_key_it_does_not_compute(cfg, tmp_path):
     with pytest.raises(ValueError, match="the worker asked for not-this-key"):
-        compile_into(cfg, "not-this-key", tmp_path / "aot")
+        compile_artifact(cfg, "not-this-key", tmp_path / "aot")
     assert not (tmp_path / "aot").exists()
 
 

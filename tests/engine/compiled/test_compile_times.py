@@ -23,8 +23,8 @@ def test_a_core_for_each_part_is_faster_than_the_reference_two(tmp_path):
 
 
 def test_a_recorded_compile_is_what_the_next_one_of_a_model_as_deep_expects(tmp_path):
-    compile_times.record(tmp_path, 10, dict.fromkeys(PARTS, 40.0))
-    compile_times.record(tmp_path, 30, dict.fromkeys(PARTS, 90.0))
+    compile_times.save(tmp_path, 10, dict.fromkeys(PARTS, 40.0))
+    compile_times.save(tmp_path, 30, dict.fromkeys(PARTS, 90.0))
     assert compile_times.expected(tmp_path, PARTS, 10, cores=2) == (dict.fromkeys(PARTS, 40.0), "this machine's last compile")
     assert compile_times.expected(tmp_path, PARTS, 30, cores=2)[0] == dict.fromkeys(PARTS, 90.0)
     assert compile_times.expected(tmp_path, PARTS, 20, cores=2)[1] == "a 2-core reference machine"
@@ -45,5 +45,5 @@ def test_an_unusable_record_falls_back_to_the_reference_with_a_warning(tmp_path,
 
 def test_recording_over_an_unreadable_file_replaces_it(tmp_path):
     (tmp_path / compile_times.FILE).write_text("{not json")
-    compile_times.record(tmp_path, 30, dict.fromkeys(PARTS, 90.0))
+    compile_times.save(tmp_path, 30, dict.fromkeys(PARTS, 90.0))
     assert compile_times.expected(tmp_path, PARTS, 30, cores=2)[0] == dict.fromkeys(PARTS, 90.0)

@@ -34,7 +34,7 @@ def model(cfg):
 def _compile_steps(model, cfg) -> dict:
     model_cache = cpp_cache.inductor_cache_dir()
     with cpp_cache.private_build_dirs() as build_dir:  # as compile_and_install calls it
-        return parallel_compile.compile_steps(model, cfg, model_cache, build_dir)
+        return parallel_compile.compile_in_parts(model, cfg, model_cache, build_dir)
 
 
 def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
@@ -95,7 +95,7 @@ parallel_compile._compile_part = part
 aot.compile_step = lambda *args: (aot.CompiledStep(model, "decode"), [])
 with cpp_cache.private_build_dirs() as build_dir:
     try:
-        parallel_compile.compile_steps(model, cfg, cpp_cache.inductor_cache_dir(), build_dir, fork_threads=2)
+        parallel_compile.compile_in_parts(model, cfg, cpp_cache.inductor_cache_dir(), build_dir, fork_threads=2)
     except aot.AotError as err:
         print(json.dumps({"error": str(err), "threads": torch.get_num_threads()}))
 """
