@@ -77,6 +77,10 @@ class EngineConfig:
     # Padded prompt tokens prefilled per step, all new sequences together (a multiple of 16):
     # longer prompts are prefilled in chunks between decode steps, so running streams keep going.
     prefill_chunk: int = 512
+    # While sequences decode, a step prefills only as many prompt tokens as fit this long at the
+    # measured prefill speed (handler.engine.prefill_pace): their gap between tokens stays bounded
+    # whatever the model's size. 0: always prefill_chunk. CPU only (a CUDA step is not timed).
+    prefill_stall_ms: float = 200.0
     # Keep each slot's KV after its sequence ends, and start a prompt that shares a prefix with
     # what a slot holds after that prefix (handler.engine.kv.prefix_cache). Changes no graph.
     prefix_caching: bool = True
@@ -102,6 +106,8 @@ class EngineConfig:
             raise ValueError(f"warm_start must be 'background' or 'blocking', got {self.warm_start!r}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.prefill_stall_ms < 0:
+            raise ValueError(f"prefill_stall_ms must be 0 (off) or positive, got {self.prefill_stall_ms}")
         if self.prefill_chunk < 16 or self.prefill_chunk % 16:
             raise ValueError(f"prefill_chunk must be a positive multiple of 16, got {self.prefill_chunk}")
         if self.max_batch_size < 1 or self.max_seq_len < 32:
@@ -130,6 +136,7 @@ class EngineConfig:
         d.pop("on_compile_error")
         d.pop("warm_start")
         d.pop("prefix_caching")
+        d.pop("prefill_stall_ms")
         d["device"] = torch.device(self.device).type
         return d
 

@@ -35,6 +35,7 @@ from handler.engine.kv.pages import PAGE, pages_for
 from handler.engine.kv.prefix_cache import BLOCK, common_prefix
 from handler.engine.kv.slot_memory import CopyPageFn, SlotMemory
 from handler.engine.next_token import constrain, record
+from handler.engine.prefill_pace import PrefillPace
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
 from handler.engine.sequence import Continuation, Sequence, StepOutput, continuation, restore
 from handler.engine.tokenizer import Tokenizer
@@ -51,9 +52,11 @@ class EngineFull(EngineError, RuntimeError):
 class Engine:
     def __init__(self, prefill: PrefillFn, decode: DecodeFn, tokenizer: Tokenizer, slots: int, max_seq_len: int,
                  device: torch.device, copy_page: CopyPageFn | None = None, grammars: Grammars | None = None,
-                 prefill_chunk: int = 512, prefix_caching: bool = False, pages: int | None = None):
+                 prefill_chunk: int = 512, prefix_caching: bool = False, pages: int | None = None,
+                 prefill_stall_s: float | None = None):
         """`pages`: the KV cache's pages of PAGE positions (default: max_seq_len positions per slot),
-        at least a whole context's."""
+        at least a whole context's. `prefill_stall_s`: while sequences decode, a step prefills only
+        as many tokens as fit this long at the speed its prefill calls measured (None: prefill_chunk)."""
         assert prefill_chunk % PREFILL_PAD == 0, prefill_chunk
         assert copy_page is not None or not prefix_caching, "prefix caching shares pages between slots"
         pages = slots * pages_for(max_seq_len) if pages is None else pages
@@ -65,6 +68,7 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.device = device
         self.prefill_chunk = prefill_chunk  # padded prompt tokens prefilled per step, all sequences together
+        self._pace = PrefillPace(prefill_chunk, prefill_stall_s)
         self.prefix_caching = prefix_caching
         self._slots: list[Sequence | None] = [None] * slots
         self._memory = SlotMemory(slots, pages, max_seq_len, copy_page)
@@ -157,9 +161,11 @@ class Engine:
     # tensors made in inference mode lack the autograd key the graphs were captured with.
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
-        chunks = self._schedule_prefill()
+        chunks = self._schedule_prefill(self._pace.budget(any(s is not None and s.decoding for s in self._slots)))
         if chunks:
-            self._prefilled(chunks, self._run_prefill(chunks))
+            with self._pace.timing(sum(n for _, _, n in chunks)):
+                logits = self._run_prefill(chunks)
+            self._prefilled(chunks, logits)
         self._start_decoding()
         running = [s for s in self._slots if s is not None and s.decoding]
         return self._advance(running, self._run_decode(running)) if running else []
@@ -177,9 +183,9 @@ class Engine:
         return [done[str(i)] for i in range(len(prompts))]
 
     # ---- prefill: which chunks, from where --------------------------------------------------
-    def _schedule_prefill(self) -> list[tuple[Sequence, int, int]]:
+    def _schedule_prefill(self, budget: int) -> list[tuple[Sequence, int, int]]:
         """This step's chunks (sequence, first position, tokens), first come first served, while
-        the padded batch fits in prefill_chunk tokens; a prompt's last token is left to decode. A request's other samples wait for its
+        the padded batch fits in `budget` tokens; a prompt's last token is left to decode. A request's other samples wait for its
         first (they copy its prefix); a prompt that shares a longer prefix with one being
         prefilled than any slot holds waits for it, to prefill only the rest."""
         self._rebind_unstarted()
@@ -194,8 +200,8 @@ class Engine:
                 self._start(s)
             if s.prefilled == s.prefill_end:
                 continue
-            wider = max(width, prefill_width(s.prefill_end - s.prefilled, self.prefill_chunk))
-            if picked and (len(picked) + 1) * wider > self.prefill_chunk:
+            wider = max(width, prefill_width(s.prefill_end - s.prefilled, budget))
+            if picked and (len(picked) + 1) * wider > budget:
                 break
             picked.append(s)
             width = wider

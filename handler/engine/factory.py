@@ -78,5 +78,6 @@ def build_engine(cfg: EngineConfig, on_fallback: OnFallback | None = None, place
     grammars = Grammars(tokenizer.backend.to_str(), ckpt.args.vocab_size, tokenizer.eos_ids)
     engine = Engine(steps.prefill, steps.decode, tokenizer, cfg.max_batch_size, cfg.max_seq_len,
                     torch.device(cfg.device), copy_page=model.copy_page, grammars=grammars,
-                    prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching, pages=pages_for(cfg.kv_budget))
+                    prefill_chunk=cfg.prefill_chunk, prefix_caching=cfg.prefix_caching, pages=pages_for(cfg.kv_budget),
+                    prefill_stall_s=cfg.prefill_stall_ms / 1000 if cpu and cfg.prefill_stall_ms else None)
     return LoadedEngine(engine, model, steps, path, settings)

@@ -160,3 +160,16 @@ def test_generate_runs_more_prompts_than_slots():
     outputs = engine.generate(prompts, [greedy(3)] * 3)
     assert [TOK.decode(o) for o in outputs] == ["bcd", "ijk", "qrs"]
     assert max(batch for _, batch, _ in steps.calls) == 2
+
+
+def test_a_long_prompt_beside_a_decoding_stream_is_prefilled_in_paced_chunks(monkeypatch):
+    """While a sequence decodes, a step prefills only what fits prefill_stall_s at the measured speed."""
+    engine, steps = counting_engine(slots=2, max_seq_len=128, prefill_stall_s=0.2)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(engine._pace, "_clock", lambda: next(ticks) * 0.5)  # each prefill call: 0.5 s
+    engine.add("a", TOK.encode("abcdefgh" * 4), greedy(20))
+    engine.step()  # alone: its prompt in one chunk, 31 tokens in 0.5 s (16 ms each)
+    assert steps.of("prefill") == [(1, 32)]
+    engine.add("b", TOK.encode("z" * 100), greedy(2))
+    engine.step()
+    assert steps.of("prefill")[-1] == (1, 12), "12 tokens fit 0.2 s beside a's decode steps"
