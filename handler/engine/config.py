@@ -80,7 +80,7 @@ class EngineConfig:
     # While sequences decode, a step prefills only as many prompt tokens as fit this long at the
     # measured prefill speed (handler.engine.prefill_pace): their gap between tokens stays bounded
     # whatever the model's size. 0: always prefill_chunk. CPU only (a CUDA step is not timed).
-    prefill_stall_ms: float = 200.0
+    prefill_stall_ms: float = 500.0
     # Keep each slot's KV after its sequence ends, and start a prompt that shares a prefix with
     # what a slot holds after that prefix (handler.engine.kv.prefix_cache). Changes no graph.
     prefix_caching: bool = True
