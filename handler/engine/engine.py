@@ -131,6 +131,9 @@ class Engine:
             if resume is not None:
                 restore(seq, resume, self.tokenizer.decode)
             self._slots[slot] = seq
+            # What the slot holds past the pages promised to its new sequence is none of its prefix:
+            # given back now, so running sequences hold no more pages than their promises.
+            self._memory.truncate(slot, pages_for(len(prompt_ids) + p.max_new_tokens) * PAGE, self._idle())
             self._waiting.append(seq)
             leader = leader or seq
 

@@ -66,3 +66,14 @@ def test_a_shared_prefix_is_read_from_the_same_pages():
     slot = next(i for i in range(4) if engine._memory.cache.held(i)[:len(b)] == b)
     assert engine._memory.table.row(slot)[:4] == prefix_pages
     assert tokens(done["b"]) == tokens(reference(LONG[:64] + "red", 2))
+
+
+def test_a_slot_holding_more_than_its_new_sequence_is_promised_gives_the_rest_back():
+    """Else a sequence not yet started would hold pages beyond its promise, which a running one
+    that grows could then not find."""
+    engine = tiny_engine(slots=1, max_seq_len=MAX_SEQ, pages=pages_for(MAX_SEQ), prefix_caching=True)
+    engine.add("long", ids(engine, LONG), params(20))
+    run(engine)
+    assert len(engine._memory.table.row(0)) == pages_for(len(LONG) + 19)
+    engine.add("short", ids(engine, "hello"), params(5))
+    assert len(engine._memory.table.row(0)) == 1 and engine._memory.table.free == pages_for(MAX_SEQ) - 1
