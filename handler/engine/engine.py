@@ -33,7 +33,7 @@ from handler.engine.compiled.shapes import PREFILL_PAD, decode_window, prefill_w
 from handler.engine.grammar import GrammarError, Grammars, Matcher
 from handler.engine.kv.pages import PAGE, pages_for
 from handler.engine.kv.prefix_cache import BLOCK, common_prefix
-from handler.engine.kv.slot_memory import CopyPageFn, SlotMemory
+from handler.engine.kv.slot_memory import CopyPageFn, SlotMemory, promised_pages
 from handler.engine.next_token import constrain, record
 from handler.engine.prefill_pace import PrefillPace
 from handler.engine.sampling import LogitControls, SamplingParams, make_generator, sample_next
@@ -93,13 +93,13 @@ class Engine:
 
     def fits(self, prompt_len: int, params: list[SamplingParams]) -> bool:
         """Whether add_samples would take these samples now: slots free and pages unpromised."""
-        need = sum(pages_for(prompt_len + p.max_new_tokens) for p in params)
+        need = sum(promised_pages(prompt_len, p.max_new_tokens) for p in params)
         return self.free_slots >= len(params) and need <= self._unpromised()
 
     def _unpromised(self) -> int:
         """Pages no running sequence may still fill: each is promised what its prompt and
         max_new_tokens could (handler.engine.kv.slot_memory)."""
-        promised = sum(pages_for(len(s.prompt_ids) + s.params.max_new_tokens) for s in self._slots if s is not None)
+        promised = sum(promised_pages(len(s.prompt_ids), s.params.max_new_tokens) for s in self._slots if s is not None)
         return self.pages - promised
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -133,7 +133,7 @@ class Engine:
             self._slots[slot] = seq
             # What the slot holds past the pages promised to its new sequence is none of its prefix:
             # given back now, so running sequences hold no more pages than their promises.
-            self._memory.truncate(slot, pages_for(len(prompt_ids) + p.max_new_tokens) * PAGE, self._idle())
+            self._memory.truncate(slot, promised_pages(len(prompt_ids), p.max_new_tokens) * PAGE, self._idle())
             self._waiting.append(seq)
             leader = leader or seq
 
@@ -246,9 +246,10 @@ class Engine:
     def _run_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> Tensor:
         width = prefill_width(max(n for _, _, n in chunks), min(self.prefill_chunk, self.max_seq_len))
         tokens = torch.zeros(len(chunks), width, dtype=torch.long)
+        idle = self._idle()
         for row, (s, start, n) in enumerate(chunks):
             tokens[row, :n] = torch.tensor(s.context[start:start + n])
-            self._memory.grow(s.slot, start + n, self._idle())
+            self._memory.grow(s.slot, start + n, idle)
         pages = self._memory.table.tensor([s.slot for s, _, _ in chunks], self.device)
         start_pos = torch.tensor([start for _, start, _ in chunks])
         last = torch.tensor([n - 1 for _, _, n in chunks])
@@ -275,8 +276,9 @@ class Engine:
 
     # ---- decode ----------------------------------------------------------------------------
     def _run_decode(self, seqs: list[Sequence]) -> Tensor:
+        idle = self._idle()
         for s in seqs:
-            self._memory.grow(s.slot, s.next_pos + 1, self._idle())
+            self._memory.grow(s.slot, s.next_pos + 1, idle)
         tokens = torch.tensor([s.last_token for s in seqs])
         pos = torch.tensor([s.next_pos for s in seqs])
         kv_len = decode_window(max(s.next_pos for s in seqs) + 1, self.max_seq_len)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from handler.engine.kv.pages import PAGE, pages_for
+from handler.engine.kv.pages import PAGE
+from handler.engine.kv.slot_memory import promised_pages
 from handler.engine.sampling import SamplingParams
 from handler.serving.request_fields import Limits, RequestError, get_field
 from handler.serving.sampling_fields import sampling_params
@@ -124,7 +125,7 @@ def parse_request(body: Any, url_path: str, encode: Callable[[str], list[int]],
         raise RequestError(
             f"prompt is {len(prompt_ids)} tokens and max_new_tokens is {params.max_new_tokens}: together they exceed "
             f"the context of {limits.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
-    if limits.kv_pages is not None and n * pages_for(len(prompt_ids) + params.max_new_tokens) > limits.kv_pages:
+    if limits.kv_pages is not None and n * promised_pages(len(prompt_ids), params.max_new_tokens) > limits.kv_pages:
         raise RequestError(
             f"{n} samples of a {len(prompt_ids)}-token prompt and {params.max_new_tokens} new tokens could fill more "
             f"than this replica's KV cache of {limits.kv_pages * PAGE} positions; lower n or max_new_tokens")

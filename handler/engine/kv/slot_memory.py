@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from handler.engine.kv.pages import PAGE, PagesExhausted, PageTable
+from handler.engine.kv.pages import PAGE, PagesExhausted, PageTable, pages_for
 from handler.engine.kv.prefix_cache import PrefixCache
 
 CopyPageFn = Callable[[int, int], None]  # (source page, destination page): every layer's KV
+
+
+def promised_pages(prompt_len: int, max_new_tokens: int) -> int:
+    """The pages a sequence is promised at its add: what its prompt and max_new_tokens could fill."""
+    return pages_for(prompt_len + max_new_tokens)
 
 
 class SlotMemory:
