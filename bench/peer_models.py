@@ -57,11 +57,14 @@ def ggufs(model: PeerModel, build: dict, ckpt: Path, kinds: list[str]) -> dict[s
     if model.key in random_gguf.BODIES:
         base = llamacpp.cache_root() / "gguf" / ckpt.name
         bf16 = llamacpp.gguf_path(base, "BF16")
-        if not bf16.is_file():
+        missing = [kind for kind in kinds if not llamacpp.gguf_path(base, kind).is_file()]
+        if missing and not bf16.is_file():
             template = llamacpp.default_ggufs(build, ["BF16"])["BF16"]
             print(f"random {model.key} body -> {bf16}", flush=True)
             random_gguf.write_bf16_gguf(model.key, template, bf16)
-        return llamacpp.quantized_ggufs(build, base, kinds)
+        files = llamacpp.quantized_ggufs(build, base, kinds)
+        bf16.unlink(missing_ok=True)  # 6-16 GB, needed again only for a type not made yet
+        return files
     return llamacpp.checkpoint_ggufs(build, ckpt, kinds)
 
 

@@ -68,11 +68,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain-flag-file", help="while this file exists the handler refuses new requests with a "
                    "retryable 503 (the sidecar creates it when it drains)")
     p.add_argument("--resume-store", metavar="URI", help="where a stream cut by a drain leaves its record for another "
-                   "replica to resume (s3://bucket/prefix or a directory every replica reaches; unset: cut streams "
-                   "are not resumable)")
+                   "replica to resume (s3://bucket/prefix or a directory every replica reaches; unset: the worker's "
+                   "$TS_LLM_RESUME_STORE, else cut streams are not resumable)")
     p.add_argument("--resume-aws-endpoint-url", metavar="URL", help="S3 endpoint of an s3:// --resume-store")
-    p.add_argument("--resume-public-key", metavar="PEM", help="refuse records not signed by the fleet's Ed25519 key "
-                   "(the path on the replicas)")
+    p.add_argument("--resume-secret-file", metavar="FILE", help="seal records with the fleet's secret (HMAC) and refuse "
+                   "any not sealed with it: the path on the replicas of a file of at least 32 bytes, e.g. a mounted "
+                   "k8s Secret (unset: $TS_LLM_RESUME_SECRET_FILE of the worker)")
+    p.add_argument("--resume-public-key", metavar="PEM", help="instead of a secret: refuse records not signed by the "
+                   "fleet's Ed25519 key (the path on the replicas)")
     p.add_argument("--resume-signing-key", metavar="PEM", help="sign the records this replica writes (the path on "
                    "the replicas)")
     p.add_argument("--aot", action="store_true", help="compile the engine now (minutes) and pack the verified "
@@ -101,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                    "on_compile_error": args.on_compile_error, "max_seq_len": args.max_seq_len, "kv_tokens": args.kv_tokens,
                    "max_new_tokens_cap": args.max_new_tokens_cap, "served_model_name": args.model_name,
                    "continuous_call_ms": args.continuous_call_ms, "continuous_step_ahead": args.continuous_step_ahead}
-        for option in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_public_key",
-                       "resume_signing_key"):
+        for option in ("drain_flag_file", "resume_store", "resume_aws_endpoint_url", "resume_secret_file",
+                       "resume_public_key", "resume_signing_key"):
             if getattr(args, option):
                 handler[option] = getattr(args, option)
         opts = ServingOptions(args.batching, args.batch_size, args.max_batch_delay_ms, args.workers, handler=handler)

@@ -4,11 +4,17 @@
 then 24 random hex digits (96 bits: unguessable, since a record holds someone's prompt). The
 time lets a resume for a record already deleted say "expired" (410) rather than "unknown".
 `chars` is how many characters of the answer the client held after that event: a resume sends
-what follows them. SSE carries it as `id:`, NDJSON lines as `"id"`; browsers send the last one
+what follows them. SSE carries it as `id:`, NDJSON lines as `"resume"`; browsers send the last one
 back as `Last-Event-ID`.
+
+The key is a capability (whoever holds it can read the cut answer back), so it never appears in
+a body's public `id`: that is `public_id(key)`, a one-way digest of it, the same on every replica
+(a resumed stream keeps its id) and useless for resuming. Proxies, tracing and agent frameworks
+log the public id; the key travels only in SSE `id:` lines, `Last-Event-ID` and `resume` fields.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import time
@@ -34,6 +40,11 @@ class ResumePoint:
 def new_key(now: float | None = None) -> str:
     began = int(time.time() if now is None else now)
     return f"{began & 0xFFFFFFFF:08x}{secrets.token_hex(12)}"
+
+
+def public_id(key: str) -> str:
+    """The id a stream's bodies carry: 32 hex digits that name it but cannot resume it."""
+    return hashlib.sha256(b"ts-llm public id\0" + key.encode()).hexdigest()[:32]
 
 
 def key_time(key: str) -> int:

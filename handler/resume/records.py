@@ -5,9 +5,8 @@
 A record is written only for a stream that was cut, at the cut, and read by whichever replica
 the client reconnects to. Expiry: a record older than `ttl_s` (from its cut) is refused with
 "expired" and deleted; `prune`, after each cut, deletes expired records and the oldest beyond
-`max_records`. With the fleet's keys records are signed and verified like manifests
-(handler.cache.signing): whoever can write the bucket could otherwise put words in a resumed
-answer. A replica that verifies but cannot sign writes none (it says so once at start).
+`max_records`. Records are sealed (handler.resume.seal): with the fleet's resume secret, or its
+artifact keys; a replica that checks seals but cannot make them writes none (it says so at start).
 """
 from __future__ import annotations
 
@@ -18,10 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from handler.cache import ArtifactStore, CacheStoreError, open_store
-from handler.cache.errors import ManifestSignatureError
-from handler.cache.signing import Signing, unverified_body
 from handler.resume.ids import key_time
 from handler.resume.record import RecordError, ResumeRecord, decode
+from handler.resume.seal import RecordSeal, SealError
 
 log = logging.getLogger(__name__)
 FOLDER = "resume/"
@@ -42,7 +40,7 @@ class RecordExpired(ResumeError):
 
 
 class RecordRefused(ResumeError):
-    """A stored record that failed its signature or validation: never used."""
+    """A stored record that failed its seal or validation: never used."""
 
     status = 404
 
@@ -64,23 +62,20 @@ def record_name(key: str) -> str:
 
 
 class ResumeRecords:
-    def __init__(self, store: ArtifactStore, policy: ExpiryPolicy, clock: Callable[[], float] = time.time):
-        self.store, self.policy, self.clock = store, policy, clock
-        signing = store.signing
-        # Verifying without a signer: records written here would be refused everywhere.
-        self.writable = signing.signer is not None or signing.verifier is None
+    def __init__(self, store: ArtifactStore, seal: RecordSeal, policy: ExpiryPolicy,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.seal, self.policy, self.clock = store, seal, policy, clock
+        self.writable = seal.can_seal
 
     def describe(self) -> str:
-        return self.store.describe()
+        return f"{self.store.describe()} ({self.seal.describe()})"
 
     def put(self, record: ResumeRecord) -> None:
         if not self.writable:
-            raise StoreFailed(f"{self.describe()} verifies records with the fleet key, and this replica has no "
-                              "signing key (resume_signing_key): no record is written")
-        data = record.encode()
-        signer = self.store.signing.signer
+            raise StoreFailed(f"{self.describe()}: this replica has no signing key (resume_signing_key), "
+                              "so no record is written")
         with _store_errors(f"write {record_name(record.key)}"):
-            self.store.write_record(record_name(record.key), data if signer is None else signer.sign(data))
+            self.store.write_record(record_name(record.key), self.seal.seal(record.encode()))
 
     def get(self, key: str, vocab_size: int) -> ResumeRecord:
         """The record of stream `key`; RecordNotFound, RecordExpired, RecordRefused or StoreFailed."""
@@ -111,10 +106,9 @@ class ResumeRecords:
         return len(doomed)
 
     def _open(self, key: str, data: bytes, vocab_size: int) -> ResumeRecord:
-        verifier = self.store.signing.verifier
         try:
-            record = decode(unverified_body(data) if verifier is None else verifier.open(data), vocab_size)
-        except (ManifestSignatureError, RecordError) as err:
+            record = decode(self.seal.open(data), vocab_size)
+        except (SealError, RecordError) as err:
             log.error("resume: REFUSED record %s from %s: %s", record_name(key), self.describe(), err)
             raise RecordRefused(f"the record of stream {key} was refused ({err}); send the request again") from err
         if record.key != key:
@@ -126,10 +120,10 @@ class ResumeRecords:
                 "send the request again")
 
 
-def open_records(uri: str, policy: ExpiryPolicy, endpoint_url: str | None = None, region: str | None = None,
-                 public_key: str | None = None, signing_key: str | None = None) -> ResumeRecords:
+def open_records(uri: str, seal: RecordSeal, policy: ExpiryPolicy, endpoint_url: str | None = None,
+                 region: str | None = None) -> ResumeRecords:
     """The records in the store at `uri` (s3://bucket/prefix or a directory: the sidecar's cache_store)."""
-    return ResumeRecords(open_store(uri, endpoint_url, region, signing=Signing.from_files(signing_key, public_key)), policy)
+    return ResumeRecords(open_store(uri, endpoint_url, region), seal, policy)
 
 
 @contextmanager

@@ -18,6 +18,9 @@ from handler.typed_config import ConfigError
 
 # The compile artifact directory when model-config.yaml names none (the deploy's volume).
 CACHE_DIR_ENV = "TS_LLM_CACHE_DIR"
+# The resume store and its secret when model-config.yaml names none: a deployment sets them per
+# fleet (its bucket, its Secret) without rebuilding the .mar.
+RESUME_ENV = {"resume_store": "TS_LLM_RESUME_STORE", "resume_secret_file": "TS_LLM_RESUME_SECRET_FILE"}
 # ... and when the environment names none either: the user's cache (XDG), so a restart on the
 # same machine loads what the last start compiled instead of compiling again.
 USER_CACHE_SUBDIR = Path("ts-llm") / "aot"
@@ -56,9 +59,12 @@ class HandlerConfig:
     # for another replica to go on from (the sidecar's cache_store: s3://bucket/prefix or a
     # directory; unset: a cut stream is not resumable and its events carry no ids); how long a
     # record may be resumed from (seconds from its cut) and how many are kept; the S3 endpoint
-    # and region (unset: AWS's); the fleet's Ed25519 keys, as the sidecar's cache_public_key and
-    # cache_signing_key (records are signed with the one and refused unless signed, with the other).
+    # and region (unset: AWS's). How records are sealed (handler.resume.seal): a file holding the
+    # fleet's resume secret (HMAC; what the shipped deployment mounts), or instead the fleet's
+    # Ed25519 keys, as the sidecar's cache_public_key and cache_signing_key. Unset store or
+    # secret file: the environment's TS_LLM_RESUME_STORE / TS_LLM_RESUME_SECRET_FILE.
     resume_store: str | None = None
+    resume_secret_file: str | None = None
     resume_ttl_s: float = 600.0
     resume_max_records: int = 1000
     resume_aws_endpoint_url: str | None = None
@@ -83,8 +89,11 @@ class HandlerConfig:
         values = {k: v for k, v in section.items() if k in _OWN_KEYS}
         values["engine"] = _engine(section, Path(model_dir), gpu_id)
         values["batching"] = batching_mode(model_yaml)
+        environ = os.environ if environ is None else environ
+        for key, name in RESUME_ENV.items():
+            if values.get(key) is None and environ.get(name):
+                values[key] = environ[name]
         if values.get("compile_cache_dir") is None:
-            environ = os.environ if environ is None else environ
             values["compile_cache_dir"] = default_cache_dir(environ)
             if values.get("compile_cache_shelf") is None:
                 values["compile_cache_shelf"] = not environ.get(CACHE_DIR_ENV)
@@ -130,6 +139,11 @@ def _check_limits(cfg: HandlerConfig, batch_size: int) -> None:
     if cfg.resume_ttl_s <= 0 or cfg.resume_max_records < 1:
         raise ConfigError(f"resume_ttl_s must be > 0 and resume_max_records >= 1, got {cfg.resume_ttl_s} and "
                           f"{cfg.resume_max_records}")
+    if cfg.resume_secret_file and (cfg.resume_public_key or cfg.resume_signing_key):
+        raise ConfigError("resume_secret_file and resume_public_key/resume_signing_key both seal records: set one")
+    if cfg.resume_signing_key and not cfg.resume_public_key:
+        raise ConfigError("resume_signing_key without resume_public_key: set the public key too, so that this "
+                          "replica checks the records it reads as it signs the ones it writes")
     if not 1 <= cfg.default_max_new_tokens <= cfg.max_new_tokens_cap:
         raise ConfigError("default_max_new_tokens must be between 1 and max_new_tokens_cap")
     if batch_size > cfg.engine.max_batch_size:

@@ -95,14 +95,14 @@ class Formatter:
         (OpenAI); logprobs: the tokens' since the previous piece, when the request asked for them.
         last: the request's final piece (default: this choice finished), which ends the stream.
         tool_calls: the choice's calls, each whole in this piece (chat). event_id: a resumable
-        stream's resume point after this piece (SSE `id:` on each event, NDJSON `"id"`)."""
+        stream's resume point after this piece (SSE `id:` on each event, NDJSON `"resume"`)."""
         last = finish_reason is not None if last is None else last
         if self.api == "native":
             piece: dict[str, object] = {"text": delta, "finish_reason": finish_reason}
             if finish_reason is not None:
                 piece["usage"] = usage.body()
             if event_id is not None:
-                piece["id"] = event_id
+                piece["resume"] = event_id
             return json.dumps(piece) + "\n"
         if self.api == "completions":
             choice = {"index": index, "text": delta, "finish_reason": finish_reason,
@@ -138,7 +138,7 @@ class Formatter:
         body = error_object(message, 503)
         body["error"]["resume"] = resume_id
         if self.api == "native":
-            return json.dumps(body | {"id": resume_id}) + "\n"
+            return json.dumps(body | {"resume": resume_id}) + "\n"
         return f"retry: {RETRY_MS}\nid: {resume_id}\ndata: {json.dumps(body)}\n\n"
 
     def resumed(self, chars: int) -> None:

@@ -21,7 +21,7 @@ from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
 from handler.engine.sampling import TokenLogprob
 from handler.engine.sequence import Continuation, StepOutput
-from handler.resume.ids import ResumePoint, event_id, new_key
+from handler.resume.ids import ResumePoint, event_id, new_key, public_id
 from handler.resume.records import ResumeRecords
 from handler.serving import resumption
 from handler.serving.formats import Choice, Formatter, error_body, model_body, model_list_body
@@ -142,7 +142,8 @@ class BaseService:
     def _add_live(self, inc: Incoming, req: GenerationRequest, key: str | None, resume: Continuation | None = None) -> None:
         tok = self.engine.tokenizer
         fmt = Formatter(req.api, self.limits.served_model_name, req.include_usage, token_text=lambda i: tok.decode([i]))
-        fmt.id = key or fmt.id  # a resumable stream's envelopes carry its key, the same on every replica
+        if key is not None:  # the same id on every replica, and not the key: whoever logs ids cannot resume
+            fmt.id = public_id(key)
         samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
         if resume is not None:  # its client holds the text up to its resume point
             fmt.resumed(resume.sent_chars)

@@ -61,6 +61,9 @@ class Contract:
     drain_flag_file: str
     fleet_key_secret: str
     fleet_public_key: str
+    resume_secret: str
+    resume_secret_file: str
+    resume_env: dict[str, str]
     aws_notice_s: int
     cold_start_budget_s: int
     metric_names: dict[str, str]
@@ -110,6 +113,9 @@ def load_contract(path: Path = DEPLOY / "contract.yaml") -> Contract:
         drain_flag_file=sc["drain_flag_file"],
         fleet_key_secret=sc["fleet_key_secret"],
         fleet_public_key=sc["fleet_public_key"],
+        resume_secret=sc["resume_secret"],
+        resume_secret_file=sc["resume_secret_file"],
+        resume_env=dict(sc["resume_env"]),
         aws_notice_s=int(raw["spot"]["aws_notice_s"]),
         cold_start_budget_s=int(raw["startup"]["cold_start_budget_s"]),
         metric_names={k: v for k, v in metrics.items() if k != "model_label"},

@@ -808,3 +808,30 @@ def test_dockerfile_matches_the_torchserve_container(manifests, helpers, contrac
     assert int(gid) == pod["securityContext"]["runAsGroup"]
     text = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
     assert f"{contract.model_store}/{contract.mar_file}" in text
+
+
+def test_the_serving_container_resumes_cut_streams_from_the_cache_bucket(pod, contract, helpers) -> None:
+    # issue 62: in the shipped deployment a cut stream could not resume
+    ts = helpers.serving_container(pod)
+    env = {e["name"]: e for e in ts["env"]}
+    assert env[contract.resume_env["store"]]["value"] == "s3://$(S3_BUCKET)/$(S3_PREFIX)"
+    for var in ("S3_BUCKET", "S3_PREFIX"):
+        assert env[var]["valueFrom"]["configMapKeyRef"] == {"name": "ts-llm-sidecar", "key": var}
+    assert env[contract.resume_env["secret_file"]]["value"] == contract.resume_secret_file
+
+
+def test_the_resume_secret_is_mounted_from_its_secret_into_the_serving_container_only(pod, contract, helpers) -> None:
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == contract.resume_secret]
+    assert not volume["secret"].get("optional", False), "a replica without it would write unsealed records"
+    secret_dir = str(PurePosixPath(contract.resume_secret_file).parent)
+    for c in helpers.containers(pod):
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]
+        expected = [{"name": volume["name"], "mountPath": secret_dir, "readOnly": True}]
+        assert mounts == (expected if c is helpers.serving_container(pod) else []), c["name"]
+
+
+def test_the_handler_reads_the_resume_settings_the_manifests_set(contract) -> None:
+    from handler.serving.config import RESUME_ENV
+
+    assert {"resume_store": contract.resume_env["store"],
+                          "resume_secret_file": contract.resume_env["secret_file"]} == RESUME_ENV

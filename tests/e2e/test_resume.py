@@ -33,10 +33,12 @@ def replicas(tmp_path_factory, default_checkpoint):
     """(TorchServe, A's drain flag): models `a` and `b`, one resume store."""
     tmp = tmp_path_factory.mktemp("resume_e2e")
     store = tmp / "model_store"
+    secret = tmp / "resume-secret"  # the fleet's, as the deployment mounts it: records are sealed
+    secret.write_text("a fleet secret of more than thirty-two bytes\n")
     for name in ("a", "b"):
         handler = {"dtype": "bfloat16", "compile": "eager", "max_seq_len": 256, "max_new_tokens_cap": 128, "default_max_new_tokens": 16,
                    "served_model_name": SERVED, "drain_flag_file": str(tmp / name / "draining"),
-                   "resume_store": str(tmp / "resume-store")}
+                   "resume_store": str(tmp / "resume-store"), "resume_secret_file": str(secret)}
         build_mar(default_checkpoint, name, store, ServingOptions("continuous", batch_size=4, handler=handler))
     ts = start_torchserve(store, {"a": "a.mar", "b": "b.mar"}, REPO / "config.properties", tmp / "work", Ports.free())
     try:
@@ -97,20 +99,20 @@ def test_streams_cut_on_one_replica_resume_on_another(replicas):
     flag_cutter(flag)()  # the sidecar's end of the in-flight wait
     events += sse_events(sse)
     lines += ndjson(native)
-    assert all("id" in e for e in events) and all("id" in line for line in lines)
+    assert all("id" in e for e in events) and all("resume" in line for line in lines)
     last_event, last_line = events[-1], lines[-1]
     assert "retry" in last_event, events[-3:]
     assert json.loads(last_event["data"])["error"]["resume"] == last_event["id"]
-    assert last_line["error"]["code"] == 503 and last_line["error"]["resume"] == last_line["id"]
+    assert last_line["error"]["code"] == 503 and last_line["error"]["resume"] == last_line["resume"]
     assert len(sse_text(events)) < len(reference_sse), "cut before it finished"
 
     resumed_sse = sse_events(lines_of(post(ts, "b", "v1/completions", SSE, **{"Last-Event-ID": last_event["id"]})))
     assert sse_text(events) + sse_text(resumed_sse) == reference_sse
-    resumed_native = ndjson(lines_of(post(ts, "b", "", {"resume": last_line["id"]})))
+    resumed_native = ndjson(lines_of(post(ts, "b", "", {"resume": last_line["resume"]})))
     sent = "".join(line.get("text", "") for line in lines)
     assert sent + "".join(line["text"] for line in resumed_native) == reference_native
     assert resumed_native[-1]["finish_reason"] == "length" and resumed_native[-1]["usage"]["completion_tokens"] == TOKENS
-    assert parse_event_id(resumed_native[-1]["id"]).key == parse_event_id(last_line["id"]).key
+    assert parse_event_id(resumed_native[-1]["resume"]).key == parse_event_id(last_line["resume"]).key
 
 
 def test_a_resume_for_an_unknown_or_expired_stream_is_404_or_410(replicas):

@@ -56,12 +56,12 @@ def test_archive_sh_sets_the_threading(tmp_path, default_checkpoint):
         assert yaml.safe_load(z.read("model-config.yaml"))["handler"]["threading"] == "openmp"
 
 
-def test_archive_sh_sets_the_resume_store(tmp_path, default_checkpoint):
+def test_archive_sh_sets_the_resume_store_and_its_secret(tmp_path, default_checkpoint):
     # issue 62: the tester had to edit model-config.yaml inside the .mar to turn resume on
     store = tmp_path / "resume"
     assert main(["--checkpoint", str(default_checkpoint), "--model-store", str(tmp_path), "--compile", "eager",
-                 "--resume-store", str(store), "--resume-public-key", "/keys/fleet.pub"]) == 0
+                 "--resume-store", str(store), "--resume-secret-file", "/run/secrets/resume"]) == 0
     with zipfile.ZipFile(tmp_path / "llm.mar") as z:
         handler = yaml.safe_load(z.read("model-config.yaml"))["handler"]
-    assert handler["resume_store"] == str(store) and handler["resume_public_key"] == "/keys/fleet.pub"
-    assert "resume_signing_key" not in handler
+    assert handler["resume_store"] == str(store) and handler["resume_secret_file"] == "/run/secrets/resume"
+    assert "resume_signing_key" not in handler and "resume_public_key" not in handler

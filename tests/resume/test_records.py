@@ -1,6 +1,6 @@
 """Resume records in a real store (a directory, and S3 through a moto server): written at a
-cut, read anywhere, expired by age (410) and count, 404 when unknown; signed and verified with
-the fleet keys, so a bucket writer cannot put words in a resumed answer."""
+cut, read anywhere, expired by age (410) and count, 404 when unknown; sealed with the fleet's
+secret or keys, so a bucket writer cannot put words in a resumed answer."""
 from __future__ import annotations
 
 import json
@@ -24,6 +24,7 @@ from handler.resume.records import (
     StoreFailed,
     record_name,
 )
+from handler.resume.seal import FleetKeySeal, NoSeal, SecretSeal
 
 VOCAB = 100
 FLEET_KEY = Ed25519PrivateKey.generate()
@@ -37,23 +38,23 @@ def _record(key: str | None = None, cut_at: float | None = None) -> ResumeRecord
 
 @pytest.fixture(params=["local", "s3"])
 def make_store(request, tmp_path):
-    def make(signing: Signing | None = None):
+    def make():
         if request.param == "local":
-            return LocalStore(tmp_path / "store", progress=False, signing=signing)
+            return LocalStore(tmp_path / "store", progress=False)
         client, bucket = request.getfixturevalue("s3_client"), request.getfixturevalue("bucket")
-        return S3Store(bucket, "fleet-a", client, progress=False, signing=signing)
+        return S3Store(bucket, "fleet-a", client, progress=False)
     return make
 
 
 def test_a_record_written_at_a_cut_is_read_back(make_store):
-    records = ResumeRecords(make_store(), ExpiryPolicy())
+    records = ResumeRecords(make_store(), NoSeal(), ExpiryPolicy())
     record = _record()
     records.put(record)
     assert records.get(record.key, VOCAB) == record
 
 
 def test_an_unknown_stream_is_404_and_one_begun_before_the_ttl_is_410(make_store):
-    records = ResumeRecords(make_store(), ExpiryPolicy(ttl_s=60))
+    records = ResumeRecords(make_store(), NoSeal(), ExpiryPolicy(ttl_s=60))
     with pytest.raises(RecordNotFound) as err:
         records.get(new_key(), VOCAB)
     assert err.value.status == 404
@@ -64,10 +65,10 @@ def test_an_unknown_stream_is_404_and_one_begun_before_the_ttl_is_410(make_store
 
 def test_a_record_older_than_the_ttl_is_410_then_pruned(make_store):
     store = make_store()
-    records = ResumeRecords(store, ExpiryPolicy(ttl_s=60))
+    records = ResumeRecords(store, NoSeal(), ExpiryPolicy(ttl_s=60))
     record = _record()
     records.put(record)
-    later = ResumeRecords(store, records.policy, clock=lambda: time.time() + 61)
+    later = ResumeRecords(store, records.seal, records.policy, clock=lambda: time.time() + 61)
     with pytest.raises(RecordExpired, match="resume_ttl_s"):
         later.get(record.key, VOCAB)
     assert later.prune() == 1 and store.list_records("resume/") == []
@@ -75,7 +76,7 @@ def test_a_record_older_than_the_ttl_is_410_then_pruned(make_store):
 
 def test_prune_keeps_the_newest_max_records(make_store):
     store = make_store()
-    records = ResumeRecords(store, ExpiryPolicy(max_records=2))
+    records = ResumeRecords(store, NoSeal(), ExpiryPolicy(max_records=2))
     keys = []
     for _ in range(3):
         keys.append(_record().key)
@@ -86,7 +87,7 @@ def test_prune_keeps_the_newest_max_records(make_store):
 
 
 def test_signed_records_verify_and_a_forged_one_is_refused(make_store):
-    records = ResumeRecords(make_store(FLEET), ExpiryPolicy())
+    records = ResumeRecords(make_store(), FleetKeySeal(FLEET), ExpiryPolicy())
     record = _record()
     records.put(record)
     assert records.get(record.key, VOCAB) == record
@@ -100,8 +101,22 @@ def test_signed_records_verify_and_a_forged_one_is_refused(make_store):
         records.get(record.key, VOCAB)
 
 
+def test_sealed_records_open_and_an_edited_or_unsealed_one_is_refused(make_store):
+    records = ResumeRecords(make_store(), SecretSeal(b"s" * 32), ExpiryPolicy())
+    record = _record()
+    records.put(record)
+    assert records.get(record.key, VOCAB) == record
+    stored = records.store.read_record(record_name(record.key))
+    records.store.write_record(record_name(record.key), stored.replace(b'"output_ids":[3]', b'"output_ids":[7]'))
+    with pytest.raises(RecordRefused, match="edited after it was written"):
+        records.get(record.key, VOCAB)
+    records.store.write_record(record_name(record.key), record.encode())
+    with pytest.raises(RecordRefused, match="not sealed"):
+        records.get(record.key, VOCAB)
+
+
 def test_a_record_stored_under_another_streams_name_is_refused(make_store):
-    records = ResumeRecords(make_store(), ExpiryPolicy())
+    records = ResumeRecords(make_store(), NoSeal(), ExpiryPolicy())
     record, other = _record(), new_key()
     records.store.write_record(record_name(other), record.encode())
     with pytest.raises(RecordRefused, match="names stream"):
@@ -109,7 +124,7 @@ def test_a_record_stored_under_another_streams_name_is_refused(make_store):
 
 
 def test_a_replica_that_verifies_but_cannot_sign_writes_nothing(make_store):
-    records = ResumeRecords(make_store(Signing(verifier=FLEET.verifier)), ExpiryPolicy())
+    records = ResumeRecords(make_store(), FleetKeySeal(Signing(verifier=FLEET.verifier)), ExpiryPolicy())
     assert not records.writable
     with pytest.raises(StoreFailed, match="resume_signing_key"):
         records.put(_record())
@@ -118,7 +133,7 @@ def test_a_replica_that_verifies_but_cannot_sign_writes_nothing(make_store):
 def test_an_unreachable_store_is_a_store_failure(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    records = ResumeRecords(LocalStore(blocker, progress=False), ExpiryPolicy())
+    records = ResumeRecords(LocalStore(blocker, progress=False), NoSeal(), ExpiryPolicy())
     with pytest.raises(StoreFailed) as err:
         records.put(_record())
     assert err.value.status == 503

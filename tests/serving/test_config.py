@@ -125,3 +125,20 @@ def test_the_users_cache_is_a_shelf_of_artifacts_and_the_pods_volume_one_artifac
 def test_a_shelf_bound_below_one_megabyte_is_refused():
     with pytest.raises(ConfigError, match="compile_cache_shelf_mb must be >= 1"):
         parse({"handler": {"compile_cache_shelf_mb": 0}})
+
+
+def test_the_resume_store_and_secret_fall_back_to_the_environment():
+    env = {"TS_LLM_RESUME_STORE": "s3://fleet/llm", "TS_LLM_RESUME_SECRET_FILE": "/var/run/ts-llm-resume/secret"}
+    cfg = parse({"handler": {}}, environ=env)
+    assert (cfg.resume_store, cfg.resume_secret_file) == ("s3://fleet/llm", "/var/run/ts-llm-resume/secret")
+    assert parse({"handler": {"resume_store": "/shared"}}, environ=env).resume_store == "/shared"
+
+
+def test_a_secret_and_fleet_keys_together_are_refused():
+    with pytest.raises(ConfigError, match="set one"):
+        parse({"handler": {"resume_secret_file": "/s", "resume_public_key": "/k.pub"}})
+
+
+def test_a_signing_key_without_its_public_key_is_refused():
+    with pytest.raises(ConfigError, match="resume_public_key"):
+        parse({"handler": {"resume_signing_key": "/k.pem"}})

@@ -12,8 +12,9 @@ from handler.cache.local import LocalStore
 from handler.cache.signing import ManifestVerifier, Signing
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
-from handler.resume.ids import new_key, parse_event_id
+from handler.resume.ids import new_key, parse_event_id, public_id
 from handler.resume.records import ExpiryPolicy, ResumeRecords, record_name
+from handler.resume.seal import FleetKeySeal, SecretSeal
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.live import Incoming
 from handler.serving.request_fields import Limits
@@ -36,7 +37,8 @@ def engine(default_checkpoint):
 
 @pytest.fixture
 def records(tmp_path):
-    return ResumeRecords(LocalStore(tmp_path / "store", progress=False), ExpiryPolicy(ttl_s=60, max_records=10))
+    return ResumeRecords(LocalStore(tmp_path / "store", progress=False), SecretSeal(b"fleet secret " * 3),
+                         ExpiryPolicy(ttl_s=60, max_records=10))
 
 
 def sse_events(bodies):
@@ -84,7 +86,8 @@ def test_a_cut_sse_stream_resumes_with_last_event_id_and_joins_to_the_uninterrup
     more = sse_events(r.body for r in resumed)
     assert sse_text(events) + sse_text(more) == reference
     assert {json.loads(e["data"])["id"] for e in events + more if e["data"] != "[DONE]" and "choices" in e["data"]} \
-        == {f"cmpl-{point.key}"}, "one stream: the same envelope id on every replica"
+        == {f"cmpl-{public_id(point.key)}"}, "one stream: the same envelope id on every replica"
+    assert not any(point.key in e["data"] for e in events[:-1] + more), "the resume key is not in any body"
     assert parse_event_id(more[-1]["id"]).chars == len(reference)
 
 
@@ -93,10 +96,10 @@ def test_a_cut_seeded_ndjson_stream_resumes_with_the_resume_field(engine, record
     reference = "".join(json.loads(line)["text"] for r in ref["ref"] for line in r.body.splitlines())
     lines = [json.loads(line) for body in cut_after(engine, records, NDJSON_BODY, "") for line in body.splitlines()]
     sent = "".join(line.get("text", "") for line in lines)
-    assert all("id" in line for line in lines) and lines[-1]["error"]["resume"] == lines[-1]["id"]
+    assert all("resume" in line for line in lines) and lines[-1]["error"]["resume"] == lines[-1]["resume"]
 
     resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
-                    [Incoming("r", {"resume": lines[-1]["id"]}, True)])["r"]
+                    [Incoming("r", {"resume": lines[-1]["resume"]}, True)])["r"]
     more = [json.loads(line) for r in resumed for line in r.body.splitlines()]
     assert sent + "".join(m["text"] for m in more) == reference
     usage = more[-1]["usage"]
@@ -126,7 +129,7 @@ def test_an_expired_record_is_410_and_a_resume_on_another_route_is_400(engine, r
     [final] = sse_events(cut_after(engine, records, SSE_BODY, "v1/completions", calls=2)[-1:])
     status, message = refusal(engine, records, Incoming("a", {}, True, "v1/chat/completions", last_event_id=final["id"]))
     assert status == 400 and "same route" in message
-    later = ResumeRecords(records.store, records.policy, clock=lambda: records.clock() + 61)
+    later = ResumeRecords(records.store, records.seal, records.policy, clock=lambda: records.clock() + 61)
     status, message = refusal(engine, later, Incoming("b", SSE_BODY, True, "v1/completions", last_event_id=final["id"]))
     assert status == 410 and "resume_ttl_s" in message
 
@@ -137,7 +140,7 @@ def test_a_replica_that_cannot_sign_its_records_ends_cut_streams_as_before(engin
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     signing = Signing(verifier=ManifestVerifier(Ed25519PrivateKey.generate().public_key()))
-    records = ResumeRecords(LocalStore(tmp_path, progress=False, signing=signing), ExpiryPolicy())
+    records = ResumeRecords(LocalStore(tmp_path, progress=False), FleetKeySeal(signing), ExpiryPolicy())
     final = cut_after(engine, records, NDJSON_BODY, "", calls=2)[-1].splitlines()[-1]
     error = json.loads(final)["error"]
     assert "resume" not in error and "retry on another replica" in error["message"]
