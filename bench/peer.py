@@ -244,19 +244,23 @@ def ours_server(precision: str, checkpoint: Path, gguf: Path | None, args, tmp: 
     handler_config(opts, checkpoint)  # a refused option fails here, in a second, not in a worker
     run_dir = tmp / f"ours-{precision}-{args.batching}{name}"
     build_mar(checkpoint, "llm", run_dir / "model_store", opts)
+    started = time.monotonic()
     ts = start_torchserve(run_dir / "model_store", {"llm": "llm.mar"}, REPO / "config.properties", run_dir / "work",
                           Ports.free(), env=env)
+    since_start: dict[str, float] = {}  # the start's wall time: to the worker READY, to compiled steps served
 
     def describe() -> dict:
         (worker,) = ts.client("llm").describe().workers
         compiled = re.search(r"compiled steps loaded in the background in ([\d.]+) s", ts.model_log())
         return {"batching": args.batching, "handler": opts.handler, "gguf": gguf.name if gguf else None,
                 "worker_rss_bytes": psutil.Process(worker.process()).memory_info().rss,
-                "compiled_after_s": float(compiled[1]) if compiled else None}
+                "compiled_after_s": float(compiled[1]) if compiled else None, "since_start_s": since_start}
 
     try:
         ts.wait_ready("llm", timeout=1800)
+        since_start["ready"] = time.monotonic() - started
         ts.wait_compiled("llm", time.monotonic() + 3600)  # ready at once; measured once compiled
+        since_start["compiled"] = time.monotonic() - started
         yield Server(f"{ts.inference_url}/predictions/llm/1.0/v1/completions", ts.headers(), describe, ts)
     finally:
         ts.stop()

@@ -1,24 +1,30 @@
-"""The sizes users serve (issue 59): long prompts and a long context on the 1B body, ours and
-llama-server on the same Q4_0 file with the same KV budget: ours `kv_tokens`, llama-server's `-c`
-as one pool (--kv-unified), both 16 slots.
+"""The sizes users serve (issue 59): a model body (1B, 3B, 8B), ours and llama-server on the same
+GGUF files with the same KV budget: ours `kv_tokens`, llama-server's `-c` as one pool
+(--kv-unified), both 16 slots.
 
-- The first token at one client for prompts of about 1k, 4k and 16k tokens (each new to both
-  prompt caches: words drawn with a seed of its own), and for a short prompt.
+- Tokens/s at 1 and 16 clients, on each GGUF type (Q4_0, Q4_K_M); the ratio takes each side's
+  faster type.
+- On the first type: the first token at one client for prompts of about 1k, 4k and 16k tokens
+  (each new to both prompt caches: words drawn with a seed of its own), and for a short prompt.
 - A mixed load: streams decoding while a 4k-token prompt arrives every few seconds; the decoding
   streams' gap between tokens p50/p99, and the long prompts' first token under that load.
 - Each server's RSS after loading and after the load.
+- Ours' start: the cold compile (a compile cache of its own, empty), the worker READY, and a warm
+  restart on that cache.
 
-    .venv/bin/python -m bench.scale
+    .venv/bin/python -m bench.scale                       # the 1B: long prompts, 16k context, mixed load
+    .venv/bin/python -m bench.scale --model 8b --types Q4_0 Q4_K_M --long-tokens 1024 4096 --parts throughput short long
 
-Writes docs/results/scale.json (+ raw records), docs/results/scale.png and the scale section of
-docs/benchmarks.md. Speed does not depend on the weights' values, so the random 1B body stands in
-for a trained one (ignore_eos: every answer runs its length).
+Writes docs/results/scale_<model>.json (+ raw records), docs/results/scale_<model>.png, the model's
+section of docs/benchmarks.md, and docs/results/scale.json: every model's targets side by side.
+Speed does not depend on the weights' values, so random bodies stand in for trained ones
+(ignore_eos: every answer runs its length).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
+import json
 import os
 import random
 import sys
@@ -33,7 +39,8 @@ from bench.load import Record, run_load, summarize
 from handler.engine.tokenizer import Tokenizer
 from handler.packing.model_config import ServingOptions
 
-LLAMACPP_TYPE = "Q4_0"
+PARTS = ("throughput", "short", "long", "mixed")
+THROUGHPUT = ((1, 8), (16, 32))  # (clients, requests), as bench.peer
 WORDS = ("river", "stone", "light", "paper", "garden", "window", "quiet", "market", "winter", "signal", "forest",
          "letter", "bridge", "silver", "engine", "harbor", "orange", "pocket", "meadow", "thunder", "candle",
          "island", "mirror", "velvet", "ladder", "rocket", "shadow", "canvas", "copper", "lantern", "valley")
@@ -42,6 +49,9 @@ WORDS = ("river", "stone", "light", "paper", "garden", "window", "quiet", "marke
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(peer_models.MODELS), default="1b")
+    p.add_argument("--types", nargs="+", default=["Q4_0"], choices=["Q4_0", "Q4_K_M"],
+                   help="GGUF types both serve; the first also gets the short, long and mixed parts")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=["short", "long", "mixed"])
     p.add_argument("--long-tokens", type=int, nargs="+", default=[1024, 4096, 16000],
                    help="prompt lengths whose first token is timed at one client")
     p.add_argument("--max-seq-len", type=int, default=16384, help="ours' longest request (prompt + answer)")
@@ -58,7 +68,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
     args = p.parse_args(argv)
-    args.out = "scale"
+    args.out = f"scale_{args.model}"
     # what bench.peer's servers read
     args.batching, args.handler_set, args.systems = "continuous", [f"kv_tokens={args.ctx}"], list(peer.SYSTEMS)
     args.max_batch_delay_ms, args.kv_unified = ServingOptions.max_batch_delay_ms, True
@@ -115,13 +125,28 @@ def mixed(server: peer.Server, tok: Tokenizer, args) -> dict:
     return out
 
 
-def measure(server: peer.Server, tok: Tokenizer, args) -> dict:
-    loaded = server.describe()
-    short = summarize(run_load(server.url, {**server.headers, "Connection": "close"},
-                               peer.bodies(args.short_requests, args), 1, stream=True))
-    print(f"  short prompt at 1 client: first token p50 {peer.fmt(short['ttft_p50_s'], 1e3, 0)} ms", flush=True)
-    return {"loaded": loaded, "short_c1": short, "long": long_prompts(server, tok, args), "mixed": mixed(server, tok, args),
-            "after": server.describe()}
+def throughput(server: peer.Server, args) -> dict:
+    headers = {**server.headers, "Connection": "close"}
+    out = {}
+    for clients, requests in THROUGHPUT:
+        out[str(clients)] = summarize(run_load(server.url, headers, peer.bodies(requests, args), clients, stream=True))
+        print(f"  {clients} clients: {out[str(clients)]['output_tokens_per_s']:.2f} tok/s", flush=True)
+    return out
+
+
+def measure(server: peer.Server, tok: Tokenizer, args, parts: list[str]) -> dict:
+    out = {"loaded": server.describe()}
+    if "throughput" in parts:
+        out["throughput"] = throughput(server, args)
+    if "short" in parts:
+        out["short_c1"] = summarize(run_load(server.url, {**server.headers, "Connection": "close"},
+                                             peer.bodies(args.short_requests, args), 1, stream=True))
+        print(f"  short prompt at 1 client: first token p50 {peer.fmt(out['short_c1']['ttft_p50_s'], 1e3, 0)} ms", flush=True)
+    if "long" in parts:
+        out["long"] = long_prompts(server, tok, args)
+    if "mixed" in parts:
+        out["mixed"] = mixed(server, tok, args)
+    return out | {"after": server.describe()}
 
 
 def rss(side: dict, when: str) -> int | None:
@@ -129,21 +154,49 @@ def rss(side: dict, when: str) -> int | None:
     return d.get("worker_rss_bytes") or d.get("rss_bytes")
 
 
-def targets(sides: dict, args) -> dict:
-    ours, theirs = sides["ours"], sides["llama.cpp"]
+def ratio(a, b):
+    return a / b if a is not None and b else None
 
-    def ratio(a, b):
-        return a / b if a is not None and b else None
 
-    out = {f"ttft_{n // 1000}k_ratio_1b": ratio(ours["long"][str(n)]["ttft_s"], theirs["long"][str(n)]["ttft_s"])
-           for n in args.long_tokens}
-    out["ttft_short_ratio_c1_1b"] = ratio(ours["short_c1"]["ttft_p50_s"], theirs["short_c1"]["ttft_p50_s"])
-    out["mixed_itl_p99_ratio"] = ratio(ours["mixed"]["streams"]["itl_p99_s"], theirs["mixed"]["streams"]["itl_p99_s"])
-    out["mixed_itl_p50_ratio"] = ratio(ours["mixed"]["streams"]["itl_p50_s"], theirs["mixed"]["streams"]["itl_p50_s"])
-    out["rss_ratio_1b"] = ratio(rss(ours, "after"), rss(theirs, "after"))
-    longest = str(max(args.long_tokens))
-    out["context_16k_served"] = ours["long"][longest]["status"] == 200 and ours["long"][longest]["prompt_tokens"] >= 15000
+def targets(runs: dict, start: dict, args) -> dict:
+    """The issue's keys for this model (suffix `_<model>`): each from the first type's pair, the
+    tokens/s ratio from each side's faster type."""
+    m, first = args.model, runs[args.types[0]]
+    ours, theirs = first["ours"], first["llama.cpp"]
+    out: dict = {}
+    if "throughput" in args.parts:
+        for c, _ in THROUGHPUT:
+            best = {side: max(runs[t][side]["throughput"][str(c)]["output_tokens_per_s"] for t in args.types)
+                    for side in ("ours", "llama.cpp")}
+            out[f"ratio_{m}_c{c}"] = ratio(best["ours"], best["llama.cpp"])
+            for t in args.types:
+                out[f"ratio_{m}_{t}_c{c}"] = ratio(runs[t]["ours"]["throughput"][str(c)]["output_tokens_per_s"],
+                                                   runs[t]["llama.cpp"]["throughput"][str(c)]["output_tokens_per_s"])
+    if "long" in args.parts:
+        for n in args.long_tokens:
+            out[f"ttft_{n // 1000}k_ratio_{m}"] = ratio(ours["long"][str(n)]["ttft_s"], theirs["long"][str(n)]["ttft_s"])
+        longest = str(max(args.long_tokens))
+        out[f"context_{int(longest) // 1000}k_served_{m}"] = (ours["long"][longest]["status"] == 200
+                                                              and ours["long"][longest]["prompt_tokens"] >= 0.9 * int(longest))
+    if "short" in args.parts:
+        out[f"ttft_short_ratio_c1_{m}"] = ratio(ours["short_c1"]["ttft_p50_s"], theirs["short_c1"]["ttft_p50_s"])
+    if "mixed" in args.parts:
+        out[f"mixed_itl_p99_ratio_{m}"] = ratio(ours["mixed"]["streams"]["itl_p99_s"], theirs["mixed"]["streams"]["itl_p99_s"])
+        out[f"mixed_itl_p50_ratio_{m}"] = ratio(ours["mixed"]["streams"]["itl_p50_s"], theirs["mixed"]["streams"]["itl_p50_s"])
+    out[f"rss_ratio_{m}"] = ratio(rss(ours, "after"), rss(theirs, "after"))
+    out[f"compile_{m}_s"] = start["cold"]["compiled_after_s"]
+    out[f"ready_{m}_s"] = start["cold"]["since_start_s"]["ready"]
+    out[f"warm_restart_{m}_compiled_s"] = start["warm"]["since_start_s"]["compiled"]
     return out
+
+
+def restart(serve) -> dict:
+    """Ours started again on the compile cache its first start filled: READY and compiled, from the start."""
+    with serve() as server:
+        described = server.describe()
+    print(f"  warm restart: READY {described['since_start_s']['ready']:.1f} s, compiled steps "
+          f"{described['since_start_s']['compiled']:.1f} s from the start", flush=True)
+    return described
 
 
 def main() -> None:
@@ -151,26 +204,53 @@ def main() -> None:
     build = llamacpp.ensure_built(args.threads)
     model = peer_models.MODELS[args.model]
     checkpoint = peer_models.checkpoint(model)
-    gguf = peer_models.ggufs(model, build, checkpoint, [LLAMACPP_TYPE])[LLAMACPP_TYPE]
+    ggufs = peer_models.ggufs(model, build, checkpoint, args.types)
     tok = Tokenizer.from_dir(checkpoint)
-    sides: dict[str, dict] = {}
+    runs: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for key, start in (("ours", functools.partial(peer.ours_server, "int4", checkpoint, gguf)),
-                           ("llama.cpp", functools.partial(peer.llamacpp_server, LLAMACPP_TYPE, build, gguf))):
-            with contextlib.ExitStack() as stack:
-                server = stack.enter_context(start(args, Path(tmp)))
-                headers = {**server.headers, "Connection": "close"}
-                peer.warm_up(functools.partial(run_load, server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1,
-                                               stream=True), args.warmup_s)
-                print(key, flush=True)
-                sides[key] = measure(server, tok, args)
-    result = {"model": model.name, "gguf": gguf.name, "versions": versions(), "batch_size": args.batch_size,
-              "kv_budget_tokens": args.ctx, "max_seq_len": args.max_seq_len, "long_tokens": args.long_tokens,
+        # a compile cache of this run's own: the first start compiles cold, the restart loads it
+        args.handler_set = [*args.handler_set, f"compile_cache_dir={Path(tmp) / 'aot'}"]
+        for i, kind in enumerate(args.types):
+            parts = args.parts if i == 0 else [p for p in args.parts if p == "throughput"]
+            ours = functools.partial(peer.ours_server, "int4", checkpoint, ggufs[kind], name=f"-{kind}")
+            theirs = functools.partial(peer.llamacpp_server, kind, build, ggufs[kind])
+            runs[kind] = {}
+            for key, serve in (("ours", ours), ("llama.cpp", theirs)):
+                with serve(args, Path(tmp)) as server:
+                    headers = {**server.headers, "Connection": "close"}
+                    peer.warm_up(functools.partial(run_load, server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1,
+                                                   stream=True), args.warmup_s)
+                    print(f"{key} {kind}", flush=True)
+                    runs[kind][key] = measure(server, tok, args, parts)
+        first = args.types[0]
+        start = {"cold": runs[first]["ours"]["loaded"],
+                 "warm": restart(functools.partial(peer.ours_server, "int4", checkpoint, ggufs[first], args, Path(tmp),
+                                                   name=f"-{first}-restart"))}
+    result = {"model": model.name, "out": args.model, "ggufs": {k: v.name for k, v in ggufs.items()}, "versions": versions(),
+              "batch_size": args.batch_size, "kv_budget_tokens": args.ctx, "max_seq_len": args.max_seq_len,
+              "parts": args.parts, "long_tokens": args.long_tokens,
               "mixed": {k: getattr(args, f"mixed_{k}") for k in ("streams", "output", "prompt", "arrivals", "every_s")},
-              "llama_cpp": {k: v for k, v in build.items() if k != "binaries"}, **targets(sides, args), "sides": sides}
+              "llama_cpp": {k: v for k, v in build.items() if k != "binaries"}, **targets(runs, start, args),
+              "start": start, "runs": runs}
     write_json(f"{args.out}.json", result)
+    write_json("scale.json", summary())
     plot(result, RESULTS / f"{args.out}.png")
     write_section(args.out, markdown(result, " ".join(sys.argv[1:])))
+
+
+def summary() -> dict:
+    """Every model's targets side by side (each from its own scale_<model>.json, with its CPU)."""
+    out: dict = {"models": {}}
+    for path in sorted(RESULTS.glob("scale_*.json")):
+        r = json.loads(path.read_text())
+        out["models"][path.stem.removeprefix("scale_")] = {
+            "file": path.name, "model": r["model"], "machine": r["versions"]["machine"],
+            "cpu_profile": r["versions"]["cpu_profile"]}
+        out |= {k: v for k, v in r.items() if isinstance(v, (int, float, bool)) and k not in SETTINGS}
+    return out
+
+
+SETTINGS = ("batch_size", "kv_budget_tokens", "max_seq_len")  # a result's numbers that are not targets
 
 
 def plot(r: dict, path: Path) -> None:
@@ -179,57 +259,97 @@ def plot(r: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
-    lengths = [str(n) for n in r["long_tokens"]]
-    for i, side in enumerate(r["sides"]):
-        s = r["sides"][side]
-        left.bar([j + i * 0.4 for j in range(len(lengths))], [s["long"][n]["ttft_s"] or 0 for n in lengths], 0.4, label=side)
-        streams = s["mixed"]["streams"]
-        middle.bar([i * 0.4, 1 + i * 0.4], [(streams["itl_p50_s"] or 0) * 1e3, (streams["itl_p99_s"] or 0) * 1e3], 0.4,
-                   label=side)
-        right.bar([i * 0.4, 1 + i * 0.4], [(rss(s, "loaded") or 0) / 2**30, (rss(s, "after") or 0) / 2**30], 0.4, label=side)
-    left.set_xticks([j + 0.2 for j in range(len(lengths))], [f"{n} tokens" for n in lengths])
-    left.set_title("first token at 1 client (s)", fontsize=9)
-    middle.set_xticks([0.2, 1.2], ["gap p50", "gap p99"])
-    middle.set_title(f"{r['mixed']['streams']} streams while {r['mixed']['prompt']}-token prompts arrive (ms)", fontsize=9)
-    right.set_xticks([0.2, 1.2], ["loaded", "after the load"])
-    right.set_title(f"RSS (GiB), {r['kv_budget_tokens']} KV positions each", fontsize=9)
-    for ax in (left, middle, right):
+    first = next(iter(r["runs"]))
+    panels = [p for p in ("throughput", "long", "mixed") if p in r["parts"]] + ["rss"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, panel in zip(axes, panels, strict=True):
+        bars: dict[str, list[float]] = {}
+        if panel == "throughput":
+            labels = [f"{t} c{c}" for t in r["runs"] for c, _ in THROUGHPUT]
+            for side in ("ours", "llama.cpp"):
+                bars[side] = [r["runs"][t][side]["throughput"][str(c)]["output_tokens_per_s"] for t in r["runs"]
+                              for c, _ in THROUGHPUT]
+            ax.set_title("tokens/s", fontsize=9)
+        elif panel == "long":
+            labels = [f"{n} tokens" for n in r["long_tokens"]]
+            for side in ("ours", "llama.cpp"):
+                bars[side] = [r["runs"][first][side]["long"][str(n)]["ttft_s"] or 0 for n in r["long_tokens"]]
+            ax.set_title(f"first token at 1 client (s), {first}", fontsize=9)
+        elif panel == "mixed":
+            labels = ["gap p50", "gap p99"]
+            for side in ("ours", "llama.cpp"):
+                streams = r["runs"][first][side]["mixed"]["streams"]
+                bars[side] = [(streams["itl_p50_s"] or 0) * 1e3, (streams["itl_p99_s"] or 0) * 1e3]
+            ax.set_title(f"{r['mixed']['streams']} streams while {r['mixed']['prompt']}-token prompts arrive (ms)", fontsize=9)
+        else:
+            labels = ["loaded", "after the load"]
+            for side in ("ours", "llama.cpp"):
+                bars[side] = [(rss(r["runs"][first][side], w) or 0) / 2**30 for w in ("loaded", "after")]
+            ax.set_title(f"RSS (GiB), {r['kv_budget_tokens']} KV positions each, {first}", fontsize=9)
+        for i, (side, values) in enumerate(bars.items()):
+            ax.bar([j + i * 0.4 for j in range(len(values))], values, 0.4, label=side)
+        ax.set_xticks([j + 0.2 for j in range(len(labels))], labels, fontsize=7)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{r['model']} int4 ({r['gguf']}): ours and llama-server ({r['llama_cpp']['commit']}), "
+    fig.suptitle(f"{r['model']} int4: ours and llama-server ({r['llama_cpp']['commit']}) on the same files, "
                  f"{r['versions']['machine']} ({r['versions']['cpu_profile']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def markdown(r: dict, argv: str) -> str:
+    first = next(iter(r["runs"]))
     rows = []
-    for side, s in r["sides"].items():
-        long = " | ".join(f"{peer.fmt(s['long'][str(n)]['ttft_s'], 1, 2)} ({s['long'][str(n)]['prompt_tokens']})"
-                          for n in r["long_tokens"])
-        streams = s["mixed"]["streams"]
-        rows.append(f"| {side} | {peer.fmt(s['short_c1']['ttft_p50_s'], 1e3, 0)} | {long} | "
-                    f"{peer.fmt(streams['itl_p50_s'], 1e3, 1)} / {peer.fmt(streams['itl_p99_s'], 1e3, 1)} | "
-                    f"{(rss(s, 'loaded') or 0) / 2**30:.2f} / {(rss(s, 'after') or 0) / 2**30:.2f} |")
-    keys = [k for k in r if k.endswith(("_1b", "_ratio", "_served"))]
+    for kind, pair in r["runs"].items():
+        for side, s in pair.items():
+            cells = [kind, side]
+            if "throughput" in s:
+                cells += [f"{s['throughput'][str(c)]['output_tokens_per_s']:.2f}" for c, _ in THROUGHPUT]
+            if "short_c1" in s:
+                cells.append(peer.fmt(s["short_c1"]["ttft_p50_s"], 1e3, 0))
+            if "long" in s:
+                cells += [f"{peer.fmt(s['long'][str(n)]['ttft_s'], 1, 2)} ({s['long'][str(n)]['prompt_tokens']})"
+                          for n in r["long_tokens"]]
+            if "mixed" in s:
+                streams = s["mixed"]["streams"]
+                cells.append(f"{peer.fmt(streams['itl_p50_s'], 1e3, 1)} / {peer.fmt(streams['itl_p99_s'], 1e3, 1)}")
+            cells.append(f"{(rss(s, 'loaded') or 0) / 2**30:.2f} / {(rss(s, 'after') or 0) / 2**30:.2f}")
+            rows.append(cells)
+    head = ["type", "server"]
+    if "throughput" in r["parts"]:
+        head += [f"tok/s, {c} client{'s' if c > 1 else ''}" for c, _ in THROUGHPUT]
+    if "short" in r["parts"]:
+        head.append("short prompt, first token p50 (ms)")
+    if "long" in r["parts"]:
+        head += [f"~{n}-token prompt, first token s (tokens)" for n in r["long_tokens"]]
+    if "mixed" in r["parts"]:
+        head.append("mixed load, streams' gap p50 / p99 (ms)")
+    head.append("RSS loaded / after (GiB)")
+    table = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    table += ["| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |" for cells in rows]
+    keys = [k for k, v in r.items() if isinstance(v, (int, float, bool)) and k not in SETTINGS]
+    cold, warm = r["start"]["cold"], r["start"]["warm"]
     return "\n".join([
-        f"## The sizes users serve: long prompts and a long context, {r['model']} (bench.scale)",
+        f"## The sizes users serve: {r['model']} (bench.scale)",
         "",
-        f"`python -m bench.scale {argv}`: {r['model']}, int4 ({r['gguf']}: ours and llama-server serve the same file), "
-        f"{r['batch_size']} slots sharing {r['kv_budget_tokens']} KV positions (ours `kv_tokens`, llama-server `-c` with "
-        f"`--kv-unified`), ours' `max_seq_len` {r['max_seq_len']}; {r['versions']['machine']}, "
-        f"{r['versions']['cpu_profile']}. The mixed load: {r['mixed']['streams']} streams of {r['mixed']['output']} tokens "
-        f"while a {r['mixed']['prompt']}-token prompt arrives every {r['mixed']['every_s']} s ({r['mixed']['arrivals']} times).",
+        f"`python -m bench.scale {argv}`: {r['model']}, int4 ({', '.join(r['ggufs'].values())}: ours and llama-server "
+        f"serve the same files), {r['batch_size']} slots sharing {r['kv_budget_tokens']} KV positions (ours `kv_tokens`, "
+        f"llama-server `-c` with `--kv-unified`), ours' `max_seq_len` {r['max_seq_len']}; {r['versions']['machine']}, "
+        f"{r['versions']['cpu_profile']}, {r['versions']['threads']} threads. Tokens/s: {THROUGHPUT[0][1]} requests at 1 "
+        f"client, {THROUGHPUT[1][1]} at 16, {r.get('output_tokens', 32)} tokens each; the other parts on {first}."
+        + (f" The mixed load: {r['mixed']['streams']} streams of {r['mixed']['output']} tokens while a "
+           f"{r['mixed']['prompt']}-token prompt arrives every {r['mixed']['every_s']} s ({r['mixed']['arrivals']} times)."
+           if "mixed" in r["parts"] else ""),
         "",
-        "| server | short prompt, first token p50 (ms) | " + " | ".join(f"~{n}-token prompt, first token s (tokens)"
-                                                                      for n in r["long_tokens"])
-        + " | mixed load, streams' gap p50 / p99 (ms) | RSS loaded / after (GiB) |",
-        "|---" * (4 + len(r["long_tokens"])) + "|",
-        *rows,
+        *table,
+        "",
+        f"Ours' start on {first} (a compile cache of the run's own): cold, the worker READY after "
+        f"{cold['since_start_s']['ready']:.1f} s and the compiled steps served after {cold['since_start_s']['compiled']:.1f} s "
+        f"(compiled in the background in {peer.fmt(cold['compiled_after_s'], 1, 1)} s); the warm restart READY after "
+        f"{warm['since_start_s']['ready']:.1f} s, compiled after {warm['since_start_s']['compiled']:.1f} s.",
         "",
         "Targets: " + ", ".join(f"`{k}` {r[k]:.2f}" if isinstance(r[k], float) else f"`{k}` {r[k]}" for k in keys),
         "",
-        "![scale](results/scale.png)",
+        f"![scale](results/scale_{r['out']}.png)",
     ])
 
 
