@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import peer, peer_llamacpp as llamacpp, peer_models
@@ -190,6 +191,12 @@ def targets(runs: dict, start: dict, args) -> dict:
     return out
 
 
+def with_cache(args, tmp: Path, kind: str) -> argparse.Namespace:
+    """args with a compile cache of this run's own for ours on `kind` (a directory holds one
+    artifact): its first start compiles cold, the restart loads what it installed."""
+    return argparse.Namespace(**{**vars(args), "handler_set": [*args.handler_set, f"compile_cache_dir={tmp / f'aot-{kind}'}"]})
+
+
 def restart(serve) -> dict:
     """Ours started again on the compile cache its first start filled: READY and compiled, from the start."""
     with serve() as server:
@@ -208,15 +215,13 @@ def main() -> None:
     tok = Tokenizer.from_dir(checkpoint)
     runs: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        # a compile cache of this run's own: the first start compiles cold, the restart loads it
-        args.handler_set = [*args.handler_set, f"compile_cache_dir={Path(tmp) / 'aot'}"]
         for i, kind in enumerate(args.types):
             parts = args.parts if i == 0 else [p for p in args.parts if p == "throughput"]
             ours = functools.partial(peer.ours_server, "int4", checkpoint, ggufs[kind], name=f"-{kind}")
             theirs = functools.partial(peer.llamacpp_server, kind, build, ggufs[kind])
             runs[kind] = {}
             for key, serve in (("ours", ours), ("llama.cpp", theirs)):
-                with serve(args, Path(tmp)) as server:
+                with serve(with_cache(args, Path(tmp), kind), Path(tmp)) as server:
                     headers = {**server.headers, "Connection": "close"}
                     peer.warm_up(functools.partial(run_load, server.url, headers, peer.bodies(peer.WARMUP_BATCH, args), 1,
                                                    stream=True), args.warmup_s)
@@ -224,7 +229,8 @@ def main() -> None:
                     runs[kind][key] = measure(server, tok, args, parts)
         first = args.types[0]
         start = {"cold": runs[first]["ours"]["loaded"],
-                 "warm": restart(functools.partial(peer.ours_server, "int4", checkpoint, ggufs[first], args, Path(tmp),
+                 "warm": restart(functools.partial(peer.ours_server, "int4", checkpoint, ggufs[first],
+                                                   with_cache(args, Path(tmp), first), Path(tmp),
                                                    name=f"-{first}-restart"))}
     result = {"model": model.name, "out": args.model, "ggufs": {k: v.name for k, v in ggufs.items()}, "versions": versions(),
               "batch_size": args.batch_size, "kv_budget_tokens": args.ctx, "max_seq_len": args.max_seq_len,
@@ -296,36 +302,47 @@ def plot(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _tok_s(c: int, s: dict) -> str:
+    return f"{s['throughput'][str(c)]['output_tokens_per_s']:.2f}"
+
+
+def _long(n: int, s: dict) -> str:
+    return f"{peer.fmt(s['long'][str(n)]['ttft_s'], 1, 2)} ({s['long'][str(n)]['prompt_tokens']})"
+
+
+def _mixed(s: dict) -> str:
+    streams = s["mixed"]["streams"]
+    return f"{peer.fmt(streams['itl_p50_s'], 1e3, 1)} / {peer.fmt(streams['itl_p99_s'], 1e3, 1)}"
+
+
+def columns(r: dict) -> list[tuple[str, Callable[[dict], str]]]:
+    """The table's columns for the parts this run measured: (header, a side's cell)."""
+    out: list[tuple[str, Callable[[dict], str]]] = []
+    if "throughput" in r["parts"]:
+        out += [(f"tok/s, {c} client{'s' if c > 1 else ''}", functools.partial(_tok_s, c)) for c, _ in THROUGHPUT]
+    if "short" in r["parts"]:
+        out.append(("short prompt, first token p50 (ms)", lambda s: peer.fmt(s["short_c1"]["ttft_p50_s"], 1e3, 0)))
+    if "long" in r["parts"]:
+        out += [(f"~{n}-token prompt, first token s (tokens)", functools.partial(_long, n)) for n in r["long_tokens"]]
+    if "mixed" in r["parts"]:
+        out.append(("mixed load, streams' gap p50 / p99 (ms)", _mixed))
+    out.append(("RSS loaded / after (GiB)", lambda s: f"{(rss(s, 'loaded') or 0) / 2**30:.2f} / {(rss(s, 'after') or 0) / 2**30:.2f}"))
+    return out
+
+
 def markdown(r: dict, argv: str) -> str:
     first = next(iter(r["runs"]))
-    rows = []
+    table = columns(r)
+    rows = ["| type | server | " + " | ".join(h for h, _ in table) + " |", "|---" * (2 + len(table)) + "|"]
     for kind, pair in r["runs"].items():
         for side, s in pair.items():
-            cells = [kind, side]
-            if "throughput" in s:
-                cells += [f"{s['throughput'][str(c)]['output_tokens_per_s']:.2f}" for c, _ in THROUGHPUT]
-            if "short_c1" in s:
-                cells.append(peer.fmt(s["short_c1"]["ttft_p50_s"], 1e3, 0))
-            if "long" in s:
-                cells += [f"{peer.fmt(s['long'][str(n)]['ttft_s'], 1, 2)} ({s['long'][str(n)]['prompt_tokens']})"
-                          for n in r["long_tokens"]]
-            if "mixed" in s:
-                streams = s["mixed"]["streams"]
-                cells.append(f"{peer.fmt(streams['itl_p50_s'], 1e3, 1)} / {peer.fmt(streams['itl_p99_s'], 1e3, 1)}")
-            cells.append(f"{(rss(s, 'loaded') or 0) / 2**30:.2f} / {(rss(s, 'after') or 0) / 2**30:.2f}")
-            rows.append(cells)
-    head = ["type", "server"]
-    if "throughput" in r["parts"]:
-        head += [f"tok/s, {c} client{'s' if c > 1 else ''}" for c, _ in THROUGHPUT]
-    if "short" in r["parts"]:
-        head.append("short prompt, first token p50 (ms)")
-    if "long" in r["parts"]:
-        head += [f"~{n}-token prompt, first token s (tokens)" for n in r["long_tokens"]]
-    if "mixed" in r["parts"]:
-        head.append("mixed load, streams' gap p50 / p99 (ms)")
-    head.append("RSS loaded / after (GiB)")
-    table = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    table += ["| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |" for cells in rows]
+            cells = []
+            for _, cell in table:
+                try:
+                    cells.append(cell(s))
+                except KeyError:  # a part this type did not run (the second type: tokens/s only)
+                    cells.append("")
+            rows.append(f"| {kind} | {side} | " + " | ".join(cells) + " |")
     keys = [k for k, v in r.items() if isinstance(v, (int, float, bool)) and k not in SETTINGS]
     cold, warm = r["start"]["cold"], r["start"]["warm"]
     return "\n".join([
@@ -340,7 +357,7 @@ def markdown(r: dict, argv: str) -> str:
            f"{r['mixed']['prompt']}-token prompt arrives every {r['mixed']['every_s']} s ({r['mixed']['arrivals']} times)."
            if "mixed" in r["parts"] else ""),
         "",
-        *table,
+        *rows,
         "",
         f"Ours' start on {first} (a compile cache of the run's own): cold, the worker READY after "
         f"{cold['since_start_s']['ready']:.1f} s and the compiled steps served after {cold['since_start_s']['compiled']:.1f} s "
