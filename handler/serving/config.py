@@ -18,12 +18,12 @@ from handler.typed_config import ConfigError
 
 # The compile artifact directory when model-config.yaml names none (the deploy's volume).
 CACHE_DIR_ENV = "TS_LLM_CACHE_DIR"
-# The resume store and its secret when model-config.yaml names none: a deployment sets them per
-# fleet (its bucket, its Secret) without rebuilding the .mar.
-RESUME_ENV = {"resume_store": "TS_LLM_RESUME_STORE", "resume_secret_file": "TS_LLM_RESUME_SECRET_FILE"}
 # ... and when the environment names none either: the user's cache (XDG), so a restart on the
 # same machine loads what the last start compiled instead of compiling again.
 USER_CACHE_SUBDIR = Path("ts-llm") / "aot"
+# The resume store and its secret when model-config.yaml names none: a deployment sets them per
+# fleet (its bucket, its Secret) without rebuilding the .mar.
+RESUME_ENV = {"resume_store": "TS_LLM_RESUME_STORE", "resume_secret_file": "TS_LLM_RESUME_SECRET_FILE"}
 # The file TorchServe hands the handler as model_yaml_config: archive.sh writes it and
 # torch-model-archiver puts it at the root of the .mar under this name.
 MODEL_CONFIG_FILE = "model-config.yaml"
