@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from handler.cache import ArtifactStore, CacheStoreError, open_store
+from handler.cache.signing import Signing
 from handler.resume.ids import key_time
 from handler.resume.record import RecordError, ResumeRecord, decode
-from handler.resume.seal import RecordSeal, SealError
+from handler.resume.seal import RecordSeal, SealError, choose_seal
 
 log = logging.getLogger(__name__)
 FOLDER = "resume/"
@@ -120,9 +121,12 @@ class ResumeRecords:
                 "send the request again")
 
 
-def open_records(uri: str, seal: RecordSeal, policy: ExpiryPolicy, endpoint_url: str | None = None,
-                 region: str | None = None) -> ResumeRecords:
-    """The records in the store at `uri` (s3://bucket/prefix or a directory: the sidecar's cache_store)."""
+def open_records(uri: str, policy: ExpiryPolicy, endpoint_url: str | None = None, region: str | None = None,
+                 secret_file: str | None = None, public_key: str | None = None,
+                 signing_key: str | None = None) -> ResumeRecords:
+    """The records in the store at `uri` (s3://bucket/prefix or a directory: the sidecar's cache_store),
+    sealed with the fleet's secret file, else its keys (handler.resume.seal.choose_seal)."""
+    seal = choose_seal(secret_file, Signing.from_files(signing_key, public_key))
     return ResumeRecords(open_store(uri, endpoint_url, region), seal, policy)
 
 

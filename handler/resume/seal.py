@@ -40,6 +40,7 @@ class SecretFileError(ValueError):
 
 
 class RecordSeal(Protocol):
+    checks: bool  # whether a record read is checked (False: NoSeal)
     can_seal: bool  # False: records written here would be refused everywhere, so none is written
 
     def seal(self, record: bytes) -> bytes: ...
@@ -52,7 +53,7 @@ class RecordSeal(Protocol):
 
 
 class SecretSeal:
-    can_seal = True
+    checks = can_seal = True
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < MIN_SECRET_BYTES:
@@ -98,6 +99,8 @@ class SecretSeal:
 
 
 class FleetKeySeal:
+    checks = True
+
     def __init__(self, signing: Signing) -> None:
         assert signing.verifier is not None, "without a public key there is nothing to check: NoSeal"
         self._signing = signing
@@ -120,7 +123,7 @@ class FleetKeySeal:
 
 
 class NoSeal:
-    can_seal = True
+    checks, can_seal = False, True
 
     def seal(self, record: bytes) -> bytes:
         return record

@@ -15,13 +15,11 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 from ts.utils.util import PredictionException
 
-from handler.cache.signing import Signing
 from handler.drain_flag import DrainFlag
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.engine import Engine
 from handler.engine.factory import build_engine
 from handler.resume.records import ExpiryPolicy, ResumeRecords, open_records
-from handler.resume.seal import NoSeal, choose_seal
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.dynamic_service import DynamicService
@@ -144,10 +142,10 @@ def resume_records(cfg: HandlerConfig) -> ResumeRecords | None:
     """Where cut streams' records go (handler.resume); None: no resume store configured."""
     if not cfg.resume_store:
         return None
-    seal = choose_seal(cfg.resume_secret_file, Signing.from_files(cfg.resume_signing_key, cfg.resume_public_key))
-    records = open_records(cfg.resume_store, seal, ExpiryPolicy(cfg.resume_ttl_s, cfg.resume_max_records),
-                           cfg.resume_aws_endpoint_url, cfg.resume_aws_region)
-    if isinstance(seal, NoSeal):
+    records = open_records(cfg.resume_store, ExpiryPolicy(cfg.resume_ttl_s, cfg.resume_max_records),
+                           cfg.resume_aws_endpoint_url, cfg.resume_aws_region, cfg.resume_secret_file,
+                           cfg.resume_public_key, cfg.resume_signing_key)
+    if not records.seal.checks:
         log.warning("resume: records in %s are not sealed: anyone who can write the store could change a resumed "
                     "answer; give every replica the fleet's resume_secret_file", cfg.resume_store)
     if not records.writable:
