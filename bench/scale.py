@@ -303,7 +303,9 @@ def plot(r: dict, path: Path) -> None:
 
 
 def _tok_s(c: int, s: dict) -> str:
-    return f"{s['throughput'][str(c)]['output_tokens_per_s']:.2f}"
+    run = s["throughput"][str(c)]
+    return (f"{run['output_tokens_per_s']:.2f} ({peer.fmt(run['ttft_p50_s'], 1e3, 0)}; "
+            f"{peer.fmt(run['itl_p50_s'], 1e3, 0)} / {peer.fmt(run['itl_p99_s'], 1e3, 0)})")
 
 
 def _long(n: int, s: dict) -> str:
@@ -319,7 +321,8 @@ def columns(r: dict) -> list[tuple[str, Callable[[dict], str]]]:
     """The table's columns for the parts this run measured: (header, a side's cell)."""
     out: list[tuple[str, Callable[[dict], str]]] = []
     if "throughput" in r["parts"]:
-        out += [(f"tok/s, {c} client{'s' if c > 1 else ''}", functools.partial(_tok_s, c)) for c, _ in THROUGHPUT]
+        out += [(f"tok/s, {c} client{'s' if c > 1 else ''} (first token p50; gap p50 / p99, ms)", functools.partial(_tok_s, c))
+                for c, _ in THROUGHPUT]
     if "short" in r["parts"]:
         out.append(("short prompt, first token p50 (ms)", lambda s: peer.fmt(s["short_c1"]["ttft_p50_s"], 1e3, 0)))
     if "long" in r["parts"]:
