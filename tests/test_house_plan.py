@@ -15,7 +15,7 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 MAX_LINES = 300
 # Where TorchServe may be imported: the handler (its adapter) and the build step that calls
 # torch-model-archiver. The engine and the service core stay free of it.
-TORCHSERVE_FREE = ("handler.engine", "handler.serving.service", "handler.serving.protocol", "handler.cache")
+TORCHSERVE_FREE = ("handler.engine", "handler.serving.service", "handler.serving.lifecycle", "handler.serving.protocol", "handler.cache")
 
 
 def module_name(path: Path) -> str:

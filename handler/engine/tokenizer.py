@@ -57,6 +57,10 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as log-probabilities show it."""
+        return self.decode([token_id])
+
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The model's chat template rendered as transformers renders it (a sandboxed Jinja with
         its `tojson` and `raise_exception`); a template that refuses the request says why."""

@@ -2,35 +2,36 @@
 through an injected callback."""
 from __future__ import annotations
 
+from typing import Any
+
+from handler.serving.lifecycle.stages import Stages
 from handler.serving.live import Incoming, Reply, SendPartial
-from handler.serving.service import BaseService
 
 
-class DynamicService(BaseService):
+class DynamicService:
     """One call serves its whole batch. `send_partial(replies)` streams pieces by batch index."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.stages = Stages(*args, **kwargs)
+
+    def start(self) -> None:
+        pass
+
+    def abandon(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.stages.ending.drop(request_id)
+
     def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply]:
-        refused = {i: reply for i, inc in enumerate(batch) if (reply := self._accept(inc)) is not None}
-        waiting = [i for i in range(len(batch)) if i not in refused]  # accepted, in arrival order
-        while waiting or self.engine.running:
-            while waiting and self._fits(batch[waiting[0]].request_id):
-                i = waiting.pop(0)
-                if reply := self._start(batch[i].request_id):
-                    refused[i] = reply
-            if self.cutting():
-                self.cut_running()  # what still waits is cut too (its reply a 503)
-                waiting = []
+        s = self.stages
+        refused = {inc.request_id: reply for inc in batch if (reply := s.admission.admit(inc)) is not None}
+        while s.starts.waiting() or s.engine.running:
+            refused |= s.starts.start_waiting()
+            if s.cutting():
+                s.ending.cut_running()  # what still waits is cut too (its reply a 503)
                 continue
-            self._step()
-            partial = {}
-            for i, inc in enumerate(batch):
-                live = self.live.get(inc.request_id)
-                if live and live.req.stream and live.finish_reason is None and live.pending:
-                    partial[i] = Reply("".join(live.pending), content_type=live.fmt.content_type(True), more=True)
-                    live.pending, live.opened = [], True
+            s.steps.step()
+            partial = {i: reply for i, inc in enumerate(batch)
+                       if inc.request_id in s.live and (reply := s.replies.streamed(s.live[inc.request_id]))}
             if partial:
                 send_partial(partial)
-        return [refused.get(i) or self._final(inc.request_id) for i, inc in enumerate(batch)]
-
-    def _final(self, request_id: str) -> Reply:
-        return self.last_reply(self.live.pop(request_id))
+        return [refused.get(inc.request_id) or s.replies.finish(inc.request_id) for inc in batch]

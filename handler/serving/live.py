@@ -1,11 +1,11 @@
 """A request in a service: what came in (Incoming), what goes back (Reply), and while it runs its
-completions (Sample) and its state (Live)."""
+completions (Sample), the outputs its client has not been sent yet (Piece) and its state (Live)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from handler.engine.sampling import TokenLogprob
+from handler.engine.sampling import SamplingParams, TokenLogprob
 from handler.engine.sequence import Continuation
 from handler.serving.formats import Formatter, Usage
 from handler.serving.protocol import GenerationRequest
@@ -42,17 +42,31 @@ class Sample:
     chars: int = 0  # of its text in pieces built so far (a resumed one's: from the client's resume point)
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One step's output for one sample of a stream, recorded by the step stage and formatted by
+    the reply stage (handler.serving.lifecycle)."""
+    index: int  # the sample's
+    text: str
+    finish_reason: str | None  # the sample's, once it finished
+    last: bool  # every sample has finished: this piece ends the stream
+    tool_calls: tuple[ToolCall, ...] = ()  # a finished sample's, whole
+    logprobs: tuple[TokenLogprob, ...] | None = None  # the tokens' since the sample's previous piece, when asked
+    chars: int = 0  # of the sample's text once this piece is out: a resumable stream's resume point
+
+
 @dataclass
 class Live:
     req: GenerationRequest
-    fmt: Formatter
+    sample_params: list[SamplingParams]  # each sample's (GenerationRequest.sample_params)
     http: bool
     arrived: float
     samples: list[Sample]
+    fmt: Formatter | None = None  # its API's pieces and bodies: the reply stage's, made at its first reply
     started: bool = False  # in the engine; a request waits here while fewer slots are free than it has samples
     first_token_at: float | None = None
     cached_tokens: int = 0  # of its prompt's, from the prefix cache (known at its first token)
-    pending: list[str] = field(default_factory=list)  # streamed pieces not yet sent
+    pending: list[Piece] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
     key: str | None = None  # a resumable stream's (handler.resume.ids): its events carry ids
@@ -61,7 +75,7 @@ class Live:
 
     @property
     def cut(self) -> bool:
-        """Ended by the replica's shutdown before it finished (BaseService.cut_running)."""
+        """Ended by the replica's shutdown before it finished (handler.serving.lifecycle.end)."""
         return self.finish_reason == "cut"
 
     @property

@@ -27,7 +27,7 @@ from handler.serving.live import Incoming, Reply
 from handler.serving.loop_service import LoopService
 from handler.serving.metrics import EngineModeGauge, TorchServeSink
 from handler.serving.request_fields import MAX_N, Limits
-from handler.serving.service import BaseService
+from handler.serving.service import Service
 from handler.serving.tools import tool_format
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ PER_MESSAGE_LINE = "Backend received inference at: %d"
 # the frontend) for every call: in continuous mode that is one decode step, which
 # ts_llm_time_per_output_token_seconds already measures per request.
 PER_STEP_METRIC = "[METRICS]PredictionTime."
-LAST_EVENT_ID = "last-event-id"  # what an SSE client sends back on reconnect (handler.serving.resumption)
+LAST_EVENT_ID = "last-event-id"  # what an SSE client sends back on reconnect (handler.serving.lifecycle.resume)
 
 
 def _not_per_message(record: logging.LogRecord) -> bool:
@@ -54,7 +54,7 @@ def _not_per_step_metric(record: logging.LogRecord) -> bool:
 class LLMHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
-        self.service: BaseService | None = None
+        self.service: Service | None = None
         self.awaited = False  # asyncCommunication: TorchServe awaits what handle returns
 
     def initialize(self, context):
@@ -110,7 +110,7 @@ class LLMHandler(BaseHandler):
         return _apply(replies, context)
 
 
-def build_service(cfg: HandlerConfig, engine: Engine, limits: Limits, sink: TorchServeSink) -> BaseService:
+def build_service(cfg: HandlerConfig, engine: Engine, limits: Limits, sink: TorchServeSink) -> Service:
     """The service of cfg.batching over the engine, with the drain flag's and the resume store's hooks."""
     flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
     hooks: dict[str, Any] = {"draining": flag.draining if flag else lambda: False,
@@ -118,7 +118,9 @@ def build_service(cfg: HandlerConfig, engine: Engine, limits: Limits, sink: Torc
     if cfg.batching == "continuous":
         return ContinuousService(engine, limits, sink, call_seconds=cfg.continuous_call_ms / 1000,
                                  step_ahead=cfg.continuous_step_ahead, **hooks)
-    return {"dynamic": DynamicService, "async": LoopService}[cfg.batching](engine, limits, sink, **hooks)
+    if cfg.batching == "dynamic":
+        return DynamicService(engine, limits, sink, **hooks)
+    return LoopService(engine, limits, sink, **hooks)
 
 
 async def _apply_later(replies: Awaitable[list[Reply]], context) -> list[str]:

@@ -23,15 +23,13 @@ import asyncio
 import logging
 import queue
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from handler.serving import openmp
-from handler.serving.formats import error_body
+from handler.serving.lifecycle.stages import Stages
 from handler.serving.live import Incoming, Reply, SendPartial
-from handler.serving.service import BaseService
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +41,10 @@ class Delivery:
     done: Callable[[Reply], None]  # the last reply, exactly once: whole (more=None) or the stream's end (or gRPC's one)
 
 
-class LoopService(BaseService):
+class LoopService:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        self.stages = Stages(*args, **kwargs)
         self._inbox: queue.SimpleQueue[tuple[Incoming, Delivery] | None] = queue.SimpleQueue()  # None: wake up
-        self._waiting: deque[str] = deque()  # accepted, not yet started: request ids in arrival order
         self._deliveries: dict[str, Delivery] = {}
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,6 +72,11 @@ class LoopService(BaseService):
             self.submit(inc, Delivery(piece=piece, done=done))
         return asyncio.gather(*finals)
 
+    def abandon(self, request_ids: list[str]) -> None:
+        """Not called in this mode (the engine thread is its own error boundary: _fail_running)."""
+        for request_id in request_ids:
+            self.stages.ending.drop(request_id)
+
     def start(self) -> None:
         """From the thread that built the engine: its OpenMP workers are released first, or the
         engine thread's would be throttled (handler.serving.openmp)."""
@@ -95,20 +97,17 @@ class LoopService(BaseService):
     def run_once(self, block: bool = False) -> None:
         """Take what arrived (waiting for it when idle and `block`), start what fits, run one step
         and deliver. Tests call this directly."""
-        self._take(block=block and not self.engine.running and not self._waiting)
-        while self._waiting and self._fits(self._waiting[0]):
-            request_id = self._waiting.popleft()
-            if refused := self._start(request_id):
-                self._deliveries.pop(request_id).done(refused)
-        if self.cutting():
-            self.cut_running()  # what still waits is cut too (its reply a 503)
-            self._waiting.clear()
+        s = self.stages
+        self._take(block=block and not s.engine.running and not s.starts.waiting())
+        for request_id, refused in s.starts.start_waiting().items():
+            self._deliveries.pop(request_id).done(refused)
+        if s.cutting():
+            s.ending.cut_running()  # what still waits is cut too (its reply a 503)
             self._deliver_all()
-        self.metrics.observe("ts_llm_requests_running", self.engine.running)
-        if not self.engine.running:
+        if not s.engine.running:
             return
         try:
-            self._step()
+            s.steps.step()
         except Exception as err:  # the thread's error boundary: fail what was running, keep serving
             log.exception("generation failed")
             self._fail_running(f"generation failed: {type(err).__name__}: {err}")
@@ -120,40 +119,32 @@ class LoopService(BaseService):
             item = self._inbox.get(block=block)
             while True:
                 if item is not None:
-                    self._accept_arrived(*item)
+                    self._admit(*item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
 
-    def _accept_arrived(self, inc: Incoming, delivery: Delivery) -> None:
-        """Parsed as it arrives: refused (or a models route answered) at once, else it waits its turn."""
-        if (reply := self._accept(inc)) is not None:
+    def _admit(self, inc: Incoming, delivery: Delivery) -> None:
+        """Admitted as it arrives: refused (or a models route answered) at once, else it waits its turn."""
+        if (reply := self.stages.admission.admit(inc)) is not None:
             delivery.done(reply)
             return
         self._deliveries[inc.request_id] = delivery
-        self._waiting.append(inc.request_id)
 
     def _deliver_all(self) -> None:
         for request_id in list(self._deliveries):
             self._deliver(request_id)
 
     def _deliver(self, request_id: str) -> None:
-        live, delivery = self.live[request_id], self._deliveries[request_id]
+        s = self.stages
+        live = s.live[request_id]
         if live.finish_reason is not None:
-            del self.live[request_id], self._deliveries[request_id]
-            delivery.done(self.last_reply(live))
-        elif live.http and live.req.stream and live.pending:
-            body, live.pending, live.opened = "".join(live.pending), [], True
-            delivery.piece(Reply(body, content_type=live.fmt.content_type(True), more=True))
+            self._deliveries.pop(request_id).done(s.replies.finish(request_id))
+        elif live.http and (piece := s.replies.streamed(live)) is not None:
+            self._deliveries[request_id].piece(piece)
 
     def _fail_running(self, message: str) -> None:
+        s = self.stages
         for request_id, delivery in self._deliveries.items():
-            self.engine.cancel(request_id)
-            live = self.live.pop(request_id)
-            self.metrics.observe("ts_llm_request_failure_total", 1, "server_error")
-            # A stream that has started can only be ended; its last event says why.
-            body = live.fmt.error_event(message) if live.opened else error_body(message, 500)
-            status, more = (200, False) if live.opened else (500, None)
-            delivery.done(Reply(body, status, live.fmt.content_type(live.req.stream), more))
+            delivery.done(s.replies.failed(s.ending.fail(request_id), message))
         self._deliveries.clear()
-        self._waiting.clear()

@@ -46,7 +46,7 @@ class GenerationRequest:
 _CONTROLS = {"frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens", "stop_token_ids"}
 _COMMON = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos", "response_format"}
 FIELDS = {
-    "native": _COMMON | _CONTROLS | {"prompt", "messages", "resume"},  # resume: handler.serving.resumption
+    "native": _COMMON | _CONTROLS | {"prompt", "messages", "resume"},  # resume: handler.serving.lifecycle.resume
     "completions": _CONTROLS | {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
                                 "stream_options", "n", "best_of", "user", "ignore_eos", "logprobs", "response_format",
                                 "echo", "suffix"},

@@ -19,7 +19,7 @@ CONFIGURATION = DOCS / "configuration.md"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"
 PROTOCOL = REPO / "handler" / "serving" / "protocol.py"
 # Where the answers to a request are raised: the parser, and the resume of a cut stream.
-REQUEST_ERROR_SOURCES = [PROTOCOL, REPO / "handler" / "serving" / "resumption.py", REPO / "handler" / "resume" / "ids.py",
+REQUEST_ERROR_SOURCES = [PROTOCOL, REPO / "handler" / "serving" / "lifecycle" / "resume.py", REPO / "handler" / "resume" / "ids.py",
                          REPO / "handler" / "resume" / "records.py"]
 REQUEST_ERRORS = {"RequestError", "ResumeIdError", "RecordNotFound", "RecordExpired", "RecordRefused", "StoreFailed"}
 

@@ -84,7 +84,7 @@ def test_requests_beyond_the_slots_wait_their_turn():
     svc = service(slots=1)
     first, second = submit(svc, "a", req("a", n=3)), submit(svc, "b", req("k", n=2))
     svc.run_once()
-    assert svc.engine.running == 1 and first.final is None and second.final is None
+    assert svc.stages.engine.running == 1 and first.final is None and second.final is None
     run(svc, first, second)
     assert json.loads(first.final.body)["text"] == "bcd" and json.loads(second.final.body)["text"] == "lm"
 
@@ -106,7 +106,7 @@ def test_requests_arriving_mid_stream_join_the_next_step():
     svc.run_once()
     second = submit(svc, "b", req("k", n=2))
     svc.run_once()
-    assert svc.engine.running == 2
+    assert svc.stages.engine.running == 2
     run(svc, first, second)
 
 
@@ -145,7 +145,7 @@ def test_a_failing_step_fails_what_was_running_and_the_loop_serves_on():
     assert whole.final.status == 500 and whole.final.more is None and "boom" in whole.final.body
     # the stream's 200 was sent: it ends with an error event
     assert stream.final.more is False and json.loads(stream.final.body)["error"]["code"] == 500
-    assert svc.engine.running == 0 and svc.live == {}
+    assert svc.stages.engine.running == 0 and svc.stages.live == {}
     after = submit(svc, "c", req("a", n=2))
     run(svc, after)
     assert json.loads(after.final.body)["text"] == "bc"
@@ -173,7 +173,7 @@ def test_a_cut_ends_running_requests_each_with_a_retryable_error():
     svc.run_once()
     assert json.loads(stream.final.body.removeprefix("data: "))["error"]["code"] == 503 and stream.final.more is False
     assert whole.final.status == 503 and whole.final.more is None
-    assert svc.engine.running == 0 and not svc.live
+    assert svc.stages.engine.running == 0 and not svc.stages.live
 
 
 def test_a_call_is_handled_as_an_awaitable_of_its_last_replies_in_batch_order():

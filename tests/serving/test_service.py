@@ -78,7 +78,7 @@ def test_a_request_the_frontend_stops_sending_is_cancelled(engine):
     service.handle([Incoming("gone", req(n=30, stream=True), True)])
     assert engine.running == 1
     service.handle([Incoming("new", req(n=2), True)])
-    assert "gone" not in service.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
+    assert "gone" not in service.stages.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
     drive(service, [Incoming("new", None, True)])
     assert engine.running == 0
 
@@ -105,7 +105,7 @@ def test_a_cut_ends_an_opened_stream_with_a_retryable_error_event(engine):
         error = json.loads(reply.body.splitlines()[-1])["error"]
         assert reply.more is False and error["code"] == 503 and "retry on another replica" in error["message"]
     assert replies[2].status == 503 and replies[2].more is None, "nothing new is admitted"
-    assert engine.running == 0 and not service.live
+    assert engine.running == 0 and not service.stages.live
 
 
 def test_a_cut_request_that_sent_nothing_gets_a_503(engine):
@@ -242,4 +242,4 @@ def test_abandoned_requests_leave_the_engine_and_the_service(engine):
     service = ContinuousService(engine, LIMITS, RecordingSink())
     service.handle([Incoming("a", req(n=20, stream=True), True), Incoming("b", req(n=20, stream=True), True)])
     service.abandon(["a"])
-    assert set(service.live) == {"b"} and engine.running == 1
+    assert set(service.stages.live) == {"b"} and engine.running == 1

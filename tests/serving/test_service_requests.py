@@ -170,7 +170,7 @@ def test_a_request_the_frontend_stops_sending_is_cancelled():
     service = continuous(sink=sink)
     service.handle([Incoming("gone", req(n=20, stream=True), True)])
     service.handle([Incoming("new", req(n=2), True)])
-    assert "gone" not in service.live and service.engine.running == 1
+    assert "gone" not in service.stages.live and service.stages.engine.running == 1
     assert ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
 
 
@@ -265,11 +265,11 @@ def test_a_matcher_that_cannot_start_is_a_400_and_takes_no_slot():
             raise GrammarError("invalid JSON schema: too complex")
 
     service = continuous()
-    service.engine.grammars = UnstartableGrammars()
+    service.stages.engine.grammars = UnstartableGrammars()
     replies = drive(service, [Incoming("a", req(response_format={"type": "json_object"}), True)])
     assert replies["a"][0].status == 400
     assert json.loads(replies["a"][0].body)["error"]["message"] == "`response_format`: invalid JSON schema: too complex"
-    assert service.engine.free_slots == 4 and not service.live
+    assert service.stages.engine.free_slots == 4 and not service.stages.live
 
 
 # ---- continuous batching, stepping ahead ---------------------------------------------------------
@@ -281,8 +281,8 @@ def ahead(slots: int = 4, sink: RecordingSink | None = None) -> ContinuousServic
 def test_stepping_ahead_answers_each_call_with_the_step_run_since_the_last():
     service = ahead()
     steps = []
-    step = service.engine.step
-    service.engine.step = lambda: steps.append(1) or step()
+    step = service.stages.engine.step
+    service.stages.engine.step = lambda: steps.append(1) or step()
     replies = drive(service, [Incoming("a", req("a", n=4, stream=True), True)])["a"]
     assert pieces_per_reply(replies) == [1, 1, 1, 1]
     assert "".join(p["text"] for p in ndjson(replies)) == "bcde"
@@ -292,8 +292,8 @@ def test_stepping_ahead_answers_each_call_with_the_step_run_since_the_last():
 def test_every_step_runs_on_the_step_thread():
     service = ahead()
     threads = set()
-    step = service.engine.step
-    service.engine.step = lambda: threads.add(threading.current_thread().name) or step()
+    step = service.stages.engine.step
+    service.stages.engine.step = lambda: threads.add(threading.current_thread().name) or step()
     drive(service, [Incoming("a", req("a", n=3, stream=True), True), Incoming("g", req("k", n=2), False)])
     assert len(threads) == 1 and threading.current_thread().name not in threads
 
@@ -303,7 +303,7 @@ def test_a_request_gone_while_its_step_ran_ahead_is_cancelled_and_frees_its_slot
     service = ahead(slots=1, sink=sink)
     service.handle([Incoming("gone", req(n=20, stream=True), True)])  # its next step runs ahead
     [reply] = service.handle([Incoming("new", req("k", n=2, stream=True), True)])
-    assert "gone" not in service.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
+    assert "gone" not in service.stages.live and ("ts_llm_request_failure_total", 1, "cancelled") in sink.values
     rest = drive(service, [Incoming("new", None, True)])["new"]
     assert "".join(p["text"] for p in ndjson([reply, *rest])) == "lm"
 
@@ -314,7 +314,7 @@ def test_a_request_arriving_while_a_step_ran_ahead_gets_its_first_token_in_that_
     a, b = service.handle([Incoming("a", None, True), Incoming("b", req("k", n=3, stream=True), True)])
     assert [p["text"] for p in ndjson([b])] == ["l"], "b's first token comes in the call that admits it"
     assert [p["text"] for p in ndjson([a])] == [ahead, chr(ord(ahead) + 1)], "a: the step run ahead, then b's"
-    assert service._steps._ahead is None, "the next call's requests are in the next step"
+    assert service._step_thread._ahead is None, "the next call's requests are in the next step"
 
 
 def test_steps_run_ahead_again_after_calls_that_admit_and_finish_nothing():
@@ -323,13 +323,13 @@ def test_steps_run_ahead_again_after_calls_that_admit_and_finish_nothing():
     service.handle([Incoming("a", None, True), Incoming("b", None, True)])
     service.handle([Incoming("a", None, True), Incoming("b", None, True)])  # b's finish
     steps = []
-    step = service.engine.step
-    service.engine.step = lambda: steps.append(1) or step()
+    step = service.stages.engine.step
+    service.stages.engine.step = lambda: steps.append(1) or step()
     for _ in range(QUIET_CALLS - 1):
         service.handle([Incoming("a", None, True)])
-        assert service._steps._ahead is None
+        assert service._step_thread._ahead is None
     service.handle([Incoming("a", None, True)])
-    service._steps._ahead.result()
+    service._step_thread._ahead.result()
     assert len(steps) == QUIET_CALLS + 1, "a step each call, then one run ahead"
 
 
@@ -339,7 +339,7 @@ def test_an_arrival_into_an_idle_engine_starts_the_next_step_ahead_after_a_pause
     service = ahead()
     [reply] = service.handle([Incoming("a", req("a", n=4, stream=True), True)])
     assert [p["text"] for p in ndjson([reply])] == ["b"]
-    service._steps._ahead.result()
+    service._step_thread._ahead.result()
     assert pauses == [FRESH_START_DELAY]
     [reply] = service.handle([Incoming("a", None, True)])
     assert [p["text"] for p in ndjson([reply])] == ["c"], "answered with the step run ahead"
@@ -349,7 +349,7 @@ def test_an_arrival_beside_a_running_request_starts_no_step_ahead():
     service = ahead()
     service.handle([Incoming("a", req("a", n=20, stream=True), True)])
     service.handle([Incoming("a", None, True), Incoming("b", req("k", n=3, stream=True), True)])
-    assert service._steps._ahead is None, "the next call may bring more requests: its own step holds them"
+    assert service._step_thread._ahead is None, "the next call may bring more requests: its own step holds them"
 
 
 def quiet_ahead() -> ContinuousService:
@@ -358,14 +358,14 @@ def quiet_ahead() -> ContinuousService:
     service.handle([Incoming("a", req("a", n=20, stream=True), True)])
     for _ in range(QUIET_CALLS):
         service.handle([Incoming("a", None, True)])
-    assert service._steps._ahead is not None
+    assert service._step_thread._ahead is not None
     return service
 
 
 def test_a_step_that_failed_ahead_fails_the_next_call():
     service = ahead()
-    calls, step = [], service.engine.step
-    service.engine.step = lambda: step() if calls.append(1) or len(calls) < 2 else 1 / 0  # the second step fails
+    calls, step = [], service.stages.engine.step
+    service.stages.engine.step = lambda: step() if calls.append(1) or len(calls) < 2 else 1 / 0  # the second step fails
     service.handle([Incoming("a", req("a", n=8, stream=True), True)])  # runs step 1, starts step 2 ahead
     with pytest.raises(ZeroDivisionError):
         service.handle([Incoming("a", None, True)])

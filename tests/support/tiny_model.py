@@ -40,6 +40,9 @@ class CharTokenizer:
         # As the real tokenizer skips special tokens: EOS (under ignore_eos) adds no text.
         return "".join(ALPHABET[i - 1] for i in ids if i != EOS_ID)
 
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
+
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.encode("".join(m["content"] for m in messages))
 

@@ -1,10 +1,11 @@
-"""Resumable streams in the request path (handler.resume holds the records and the id scheme).
+"""Resumable streams, the one place serving knows them (handler.resume holds the records and the
+id scheme), hooked into a request's life at admission and at the cut.
 
 A stream is resumable when this replica has a resume store and the stream is one sample with no
 tools (a tool call's held-back text is not a point a client can resume from): its events carry
-ids (`<key>.<chars>`). At a cut its record is written (cut_record) before the final event; a
+ids (`<key>.<chars>`). At a cut its record is written (`record_cut`) before the final event; a
 request with `Last-Event-ID`, or the native body's `resume`, becomes the recorded request, going
-on from the characters the client holds (resume_request).
+on from the characters the client holds (`resumed`).
 """
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import time
 from typing import Any
 
 from handler.engine.sequence import Continuation
-from handler.resume.ids import ResumeIdError, ResumePoint, event_id, parse_event_id
+from handler.resume.ids import ResumeIdError, ResumePoint, event_id, new_key, parse_event_id
 from handler.resume.record import ResumeRecord
 from handler.resume.records import ResumeError, ResumeRecords
+from handler.serving.live import Incoming, Live
+from handler.serving.metrics import MetricSink
 from handler.serving.protocol import (
     FIELDS,
     GenerationRequest,
@@ -30,6 +33,42 @@ RESUME_FIELD = "resume"  # the native body's: the id of the last event received
 RESUME_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it finished; "
                   "resume it on another replica: send the request again with the header `Last-Event-ID: {id}` "
                   "(native API: the body {{\"resume\": \"{id}\"}}), and only what follows is streamed")
+
+
+class Resumption:
+    """`records`: where cut streams' records go; None: no stream is resumable here."""
+
+    def __init__(self, records: ResumeRecords | None, limits: Limits, metrics: MetricSink):
+        self.records, self.limits, self.metrics = records, limits, metrics
+
+    def asked(self, inc: Incoming) -> ResumePoint | None:
+        """The resume point a request asks for; None for a new request. RequestError for an id
+        this server never issues."""
+        return asked_resume(inc.body, inc.url_path, inc.last_event_id)
+
+    def resumed(self, point: ResumePoint, inc: Incoming) -> tuple[GenerationRequest, Continuation]:
+        """The recorded request, and where it goes on; RequestError (404, 410, 400, 503) else."""
+        return resume_request(self.records, point, inc.body, inc.url_path, self.limits)
+
+    def key_for(self, req: GenerationRequest) -> str | None:
+        """A new stream's key, when it is resumable here."""
+        return new_key() if self.records is not None and resumable(req) else None
+
+    @staticmethod
+    def wants_record(live: Live) -> bool:
+        """A stream cut now leaves a record: it has a key and its client has been sent pieces."""
+        return live.key is not None and live.opened
+
+    def record_cut(self, cut: list[tuple[Live, Continuation]]) -> None:
+        """Write each cut stream's record (`wants_record`): its resume id, or a plain cut."""
+        assert self.records is not None, "only a replica with a resume store gives streams keys"
+        for live, at in cut:
+            assert live.key is not None, live
+            # What the client holds once the final event is out (the pending pieces go with it).
+            live.resume_id = write_record(self.records, live.key, live.req, at, live.samples[0].chars,
+                                          self.limits.served_model_name)
+            self.metrics.observe("ts_llm_request_failure_total", 1, "cut_resumable" if live.resume_id else "cut_by_shutdown")
+        prune(self.records)
 
 
 def resumable(req: GenerationRequest) -> bool:
