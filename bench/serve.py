@@ -73,7 +73,7 @@ def build_baseline(checkpoint: Path, store: Path, args) -> None:
 @contextmanager
 def serving(store: Path, work: Path, compiled: bool) -> Iterator:
     """TorchServe serving store's llm.mar; with `compiled`, once it runs its compiled steps (ours is
-    ready at once and compiles aside when its compile cache is empty)."""
+    ready at once and compiles in the background when its compile cache is empty)."""
     ts = start_torchserve(store, {"llm": "llm.mar"}, REPO / "config.properties", work, Ports.free())
     try:
         ts.wait_ready("llm", timeout=1800)

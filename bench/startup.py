@@ -245,7 +245,7 @@ def main() -> None:
         "warm_over_eager": runs["warm"]["ready_s"] / runs["eager"]["ready_s"], "targets": TARGETS,
         # serving at compiled speed, over the eager replica's ready time
         "warm_compiled_over_eager": runs["warm"]["compiled_s"] / runs["eager"]["ready_s"],
-        # with an empty cache: the first answer (eager, the compile runs aside), and compiled speed
+        # with an empty cache: the first answer (eager, the compile runs in the background), and compiled speed
         "cold_first_answer_over_eager": runs["cold"]["ready_s"] / runs["eager"]["ready_s"],
         "cold_compiled_seconds": runs["cold"]["compiled_s"],
         "warm_blocking_over_eager": runs["warm_blocking"]["ready_s"] / runs["eager"]["ready_s"],
@@ -378,7 +378,7 @@ and the ratios move towards 1.
 
 The compile process starts before the worker prepares its model (their starts overlap), prepares
 its own on one thread, forks two processes with it that compile prefill's graph and decode's general
-graph while it compiles decode's batch-1 graph (`handler/engine/compiled/parallel_compile.py`), loads each
+graph while it compiles decode's batch-1 graph (`handler/engine/compiled/cold/side_by_side.py`), loads each
 graph back from the file the artifact copies as it lands, installs the artifact, and exits; the
 worker loads it (in all {runs['cold'].get('engine_compile_s', float('nan')):.1f} s from the worker's ready to the compiled steps loaded).
 Each graph is ~40-60 s of CPU, Python more than g++: Dynamo traces one layer for all 30, AOT

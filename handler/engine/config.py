@@ -142,7 +142,7 @@ class EngineConfig:
 
 
 def to_json(cfg: EngineConfig) -> str:
-    """A resolved config as another process (handler.engine.compiled.compile_process) reads it back."""
+    """A resolved config as another process (handler.engine.compiled.cold.in_background) reads it back."""
     return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()})
 
 

@@ -21,7 +21,7 @@ from handler.cache.key import CacheKey, digest_files
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import aot
 from handler.engine.compiled.artifacts import WEIGHTS_DIGEST_FILE, artifact_key, write_key_file
-from handler.engine.compiled.cold_compile import compile_and_install
+from handler.engine.compiled.cold.compile_all import compile_and_install
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.kernels import build as kernels, threads

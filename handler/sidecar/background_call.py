@@ -1,4 +1,4 @@
-"""One call run aside, in a daemon thread of its own, and waited for with a bound: a slow store
+"""One call run in the background, in a daemon thread of its own, and waited for with a bound: a slow store
 must delay neither the drain's stop step (drain/publish.py) nor a replica's start or exit
 (app/fleet_stop.py). An abandoned call dies with the process."""
 

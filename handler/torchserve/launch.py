@@ -152,9 +152,9 @@ class TorchServe:
 
     def wait_compiled(self, model: str, deadline: float, prompt: str = "Hi", interval: float = 5.0) -> None:
         """Block until `model`'s worker serves compiled steps (time.monotonic() `deadline`). A
-        worker that loads or compiles them aside serves eager steps and switches at a step, so
+        worker that loads or compiles them in the background serves eager steps and switches at a step, so
         steps are driven with a 1-token request every `interval` seconds meanwhile, as traffic
-        would (more often would take the CPU a compile aside needs), and at once when the
+        would (more often would take the CPU a compile in the background needs), and at once when the
         worker says they are loaded: then any request would be served compiled."""
         while SWITCHED not in self.model_log():
             if time.monotonic() > deadline:

@@ -43,7 +43,7 @@ def running_server(tmp: Path, checkpoint: Path, batching: str, compile_mode: str
     try:
         start = time.monotonic()
         ts.wait_ready(MODEL, timeout=ready_timeout)
-        if compile_mode == "inductor":  # ready at once; compiled once the process aside is done
+        if compile_mode == "inductor":  # ready at once; compiled once the compile process is done
             ts.wait_compiled(MODEL, start + ready_timeout)
         yield ts
     finally:

@@ -4,7 +4,7 @@
                            and the places to look: none when this configuration cannot use one
     find_verified          the first verified artifact for the key in those places
     look_up_in_background  warm_start: background with a cache dir to install into: the verified
-                           artifact, or the compile process (handler.engine.compiled.compile_process)
+                           artifact, or the compile process (handler.engine.compiled.cold.in_background)
                            started at once when there is none, before the worker prepares its model
                            (handler.engine.factory), so that the two starts overlap (~6 s of a cold
                            start's compiled speed)
@@ -22,7 +22,7 @@ from handler.cache.key import CacheKey
 from handler.engine.checkpoint import Checkpoint
 from handler.engine.compiled import aot, artifacts
 from handler.engine.compiled.artifacts import ArtifactPlaces
-from handler.engine.compiled.compile_process import start_compile_process
+from handler.engine.compiled.cold.in_background import start_compile_process
 from handler.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)

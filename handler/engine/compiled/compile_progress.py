@@ -12,7 +12,7 @@ MARKER = "compiling graph"  # starts each progress line: serve.sh finds the late
 class CompileProgress:
     expected: int  # graphs expected in all; the coverage loop (aot.py) may find it needs more
     seconds: list[float] = field(default_factory=list)  # what each compiled graph took
-    # Graphs compiled side by side in processes of their own (handler.engine.compiled.parallel_compile):
+    # Graphs compiled side by side in processes of their own (handler.engine.compiled.cold.side_by_side):
     # the number of this process's first graph among all, and how many compile beside it.
     first: int = 1
     beside: int = 0
@@ -42,9 +42,9 @@ def _duration(seconds: float) -> str:
 
 @dataclass
 class SideBySide:
-    """Parts (str(parallel_compile.Part)) compiling side by side, as one progress line: how many
+    """Parts (str(side_by_side.Part)) compiling side by side, as one progress line: how many
     are done, and about how long until the last is, from `expected` (each part's seconds from the
-    start, handler.engine.compiled.compile_times) scaled by how the parts that are done compared with it."""
+    start, handler.engine.compiled.cold.compile_times) scaled by how the parts that are done compared with it."""
     parts: tuple[str, ...]
     start: float  # time.monotonic() as the parts started
     expected: dict[str, float]

@@ -46,7 +46,7 @@ def private_build_dirs() -> Iterator[Path]:
 @contextmanager
 def build_dirs(path: Path) -> Iterator[Path]:
     """Point Inductor's kernel cache and header dir at `path` for the duration: private_build_dirs,
-    and the processes that compile graphs of the same artifact beside it (parallel_compile), so
+    and the processes that compile graphs of the same artifact beside it (side_by_side), so
     that they build one precompiled header between them (~5 s each otherwise), packed with the rest."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 

@@ -1,6 +1,6 @@
 """How a failed compile or artifact load is raised and reported, wherever it happens: as the
 steps are chosen (handler.engine.compiled.steps), in the background load (warm_start), or when
-the compile process fails (compile_process.wait_for_compile).
+the compile process fails (in_background.wait_for_compile).
 """
 from __future__ import annotations
 

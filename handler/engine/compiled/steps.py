@@ -5,7 +5,7 @@ With artifacts wanted (the serving path), a verified artifact for this worker's 
 handler.engine.compiled.warm_start); otherwise both steps are AOT-compiled over every serving
 shape (minutes) and, given a cache dir, installed there for the sidecar to publish: by default
 (warm_start: background) in a process of its own while eager steps serve
-(handler.engine.compiled.compile_process), with warm_start: blocking here, before the engine is
+(handler.engine.compiled.cold.in_background), with warm_start: blocking here, before the engine is
 returned. Configurations AOT does not support (freezing, CUDA) use torch.compile with a warm-up
 instead.
 
@@ -33,8 +33,8 @@ from handler.engine.compiled.artifact_lookup import (
     find_verified,
     look_up_in_background,
 )
-from handler.engine.compiled.cold_compile import compile_and_install
-from handler.engine.compiled.compile_process import wait_for_compile
+from handler.engine.compiled.cold.compile_all import compile_and_install
+from handler.engine.compiled.cold.in_background import wait_for_compile
 from handler.engine.compiled.errors import CompileError, failure_reason
 from handler.engine.compiled.warm_start import BackgroundLoad
 from handler.engine.config import EngineConfig
@@ -54,7 +54,7 @@ class Steps:
     decode: Callable
     # "eager", "inductor" (torch.compile), "aot-compiled" (cold, here), "aot-loaded", "aot-background"
     # (eager steps until the verified artifact, loading in a thread, is in: see warm_start) or
-    # "aot-compiling" (eager steps until handler.engine.compiled.compile_process has compiled and
+    # "aot-compiling" (eager steps until handler.engine.compiled.cold.in_background has compiled and
     # installed the artifact and a background load has loaded it)
     mode: str
     compile_seconds: float  # compiling, or loading artifacts
@@ -152,7 +152,7 @@ def _load_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactR
 
 def _compile_in_background(model: Transformer, cfg: EngineConfig, wanted: ArtifactRequest, process: subprocess.Popen,
                    on_fallback: OnFallback | None, on_compiled: OnCompiled | None) -> Steps:
-    """Eager steps now; the compiled ones once `process` (handler.engine.compiled.compile_process)
+    """Eager steps now; the compiled ones once `process` (handler.engine.compiled.cold.in_background)
     has installed the artifact and a background load has loaded it (on_compiled gets the seconds
     from now)."""
 

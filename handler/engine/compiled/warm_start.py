@@ -8,7 +8,7 @@ loaded. The switch is safe at any step: compiled graphs take the weights and the
 the live model as inputs, so both kinds of step read and write the same cache.
 
 What loads in the background is a verified artifact: one found at start, or one that
-handler.engine.compiled.compile_process compiled and installed while eager steps served. A
+handler.engine.compiled.cold.in_background compiled and installed while eager steps served. A
 failed background load is not silent: with on_compile_error=raise every later step raises
 CompileError (the worker answers 500 and its logs say why); with on_compile_error=eager it is
 logged at ERROR once and counted, as a failed blocking load would be.

@@ -11,7 +11,7 @@ a drain, a replica whose local record gained a measurement writes it back (`shar
 RECORDED stops measured anywhere in the fleet, whoever wrote last. It is data, never code: its
 values are range-checked (stop_record.parse_stop_seconds), and with the fleet's keys it is
 signed and verified like a manifest, so a bucket writer cannot set every replica's reserve.
-Store calls run aside under a time bound: a slow store delays neither start nor exit.
+Store calls run in the background under a time bound: a slow store delays neither start nor exit.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class MeasuredStops:
         self._seen: list[float] = []  # the local record at start (or the fleet's seed)
 
     def load(self) -> bool:
-        """At start: read the local record; True when the fleet's should seed it (seed, aside)."""
+        """At start: read the local record; True when the fleet's should seed it (`seed`, run in the background)."""
         if self.record_path is None:
             return False
         self._seen = read_stop_seconds(self.record_path)

@@ -4,7 +4,7 @@ Timeline, all epochs (s):
 
     started ......................... wait_until = publish_by ... stop_by ... deadline
         wait for in-flight requests                           | stop TorchServe | margin
-        cache publish (aside, from the start) ---------------|
+        cache publish (in the background, from the start) ---|
 
 Replacement capacity is asked for before the wait, not after: a new instance takes minutes
 to boot, so asking late only widens the gap in serving capacity.

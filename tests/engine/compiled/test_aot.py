@@ -24,9 +24,10 @@ from handler.cache.key import KEY_FILE_NAME
 from handler.cache.manifest import MANIFEST_NAME
 from handler.engine import cpu_profiles, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, artifacts, cpp_cache, parallel_compile, saved_graphs, shapes
+from handler.engine.compiled import aot, artifacts, cpp_cache, saved_graphs, shapes
 from handler.engine.compiled.artifact_lookup import ArtifactRequest
 from handler.engine.compiled.artifacts import ArtifactPlaces
+from handler.engine.compiled.cold import side_by_side
 from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.steps import build_steps
 from handler.engine.config import EngineConfig
@@ -244,7 +245,7 @@ def observed(monkeypatch):
         raise AssertionError(f"load_artifacts({path}) must not be reached")
 
     monkeypatch.setattr(aot, "compile_steps", no_compile)
-    monkeypatch.setattr(parallel_compile, "compile_in_parts", no_compile)
+    monkeypatch.setattr(side_by_side, "compile_in_parts", no_compile)
     monkeypatch.setattr(saved_graphs, "load_artifacts", count_load)
     return calls
 

@@ -26,7 +26,7 @@ def test_graphs_side_by_side_are_numbered_as_one_compile_without_an_estimate():
 
 
 def _side_by_side() -> SideBySide:
-    return SideBySide(("here", "aside"), start=1000.0, expected={"here": 50.0, "aside": 100.0}, basis="the reference")
+    return SideBySide(("here", "beside"), start=1000.0, expected={"here": 50.0, "beside": 100.0}, basis="the reference")
 
 
 def test_side_by_side_estimate_is_the_slowest_expected_part_less_the_time_so_far():
@@ -48,5 +48,5 @@ def test_past_the_estimate_it_says_so_instead_of_a_negative_time():
 def test_all_parts_done_is_just_the_count():
     progress = _side_by_side()
     progress.finished("here", now=1040.0)
-    progress.finished("aside", now=1090.0)
+    progress.finished("beside", now=1090.0)
     assert progress.line(now=1091.0) == "compiling graphs side by side: 2 of 2 done, 91 s so far"

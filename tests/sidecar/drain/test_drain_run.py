@@ -82,7 +82,7 @@ def test_steps_run_in_order(clock) -> None:
         publish_cache=calls("publish", True), acknowledge=calls("acknowledge")), POLICY)
     order = ["not_ready", "close_admission", "deregister", "request_capacity", "stop",
              "acknowledge"]
-    # The publisher runs aside from the start, not between the steps.
+    # The publisher runs in the background from the start, not between the steps.
     assert [name for name in calls.names if name != "publish"] == order
     assert calls.names.count("publish") == 1 and calls.at("publish") == start
     assert [step.name for step in report.steps] == [*order[:4], "wait_in_flight", "publish", *order[4:]]

@@ -6,10 +6,10 @@ g++), so graphs side by side use the cores a compile would leave idle; each is s
 them, but none waits for another (docs/benchmarks.md, "Compile settings"). The children
 compile into this compile's Inductor build dir, so the kernels and header they build are packed
 with the artifact, and save their graphs, which are loaded here and join this process's graphs
-in one artifact. In handler.engine.compiled.compile_process they are forked with the model prepared
+in one artifact. In handler.engine.compiled.cold.in_background they are forked with the model prepared
 there; elsewhere (archive.sh --aot, a blocking cold start in a worker) they start afresh:
 
-    python -m handler.engine.compiled.parallel_compile --config JSON --step NAME --kinds KIND[,KIND] \
+    python -m handler.engine.compiled.cold.side_by_side --config JSON --step NAME --kinds KIND[,KIND] \
         --threads N --model-cache-dir DIR --kernel-dir DIR --out DIR --parent PID
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ import torch
 
 from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, compile_times, cpp_cache, saved_graphs, shapes
-from handler.engine.compiled.child_process import exit_now, watch_parent
+from handler.engine.compiled import aot, cpp_cache, saved_graphs, shapes
+from handler.engine.compiled.cold import compile_times
+from handler.engine.compiled.cold.child import exit_now, watch_parent
 from handler.engine.compiled.compile_progress import CompileProgress, SideBySide
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
@@ -81,7 +82,7 @@ def compile_in_parts(model: Transformer, cfg: EngineConfig, model_cache_dir: str
     graphs still compiling elsewhere run. `model_cache_dir` is the Inductor cache `model` was
     prepared in (its quantized kernels are there: a child need not build them).
 
-    `fork_threads`: this process has run torch on one thread only (handler.engine.compiled.compile_process):
+    `fork_threads`: this process has run torch on one thread only (handler.engine.compiled.cold.in_background):
     the children are then forked with the model as prepared here instead of started afresh (~6 s
     of CPU each, imports and the model, on the critical path of a cold start), and every process
     runs `fork_threads` threads from then on. A team of OpenMP threads does not survive a fork:

@@ -3,7 +3,7 @@
 A worker that finds no usable artifact starts this process (start_compile_process, from
 handler.engine.compiled.artifact_lookup) and serves the model's eager steps; this process builds
 the same model, AOT-compiles every serving shape (two of the three graphs in processes forked
-beside it when there are two cores or more: handler.engine.compiled.parallel_compile) and
+beside it when there are two cores or more: handler.engine.compiled.cold.side_by_side) and
 installs a verified artifact in the cache dir exactly as `archive.sh --aot` does; the worker
 waits for it (wait_for_compile), then loads it in the background and switches between two steps
 (handler.engine.compiled.warm_start).
@@ -13,7 +13,7 @@ serving worker keeps the CPU it needs, with the worker's torch thread count (the
 graphs guard on it). It stops when the worker does (`--parent`): a compile nobody waits for any
 more would hold a core and the cache lock for minutes after `./serve.sh --stop`.
 
-    python -m handler.engine.compiled.compile_process --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
+    python -m handler.engine.compiled.cold.in_background --config '<EngineConfig JSON>' --key DIGEST --dest DIR [--parent PID]
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ from handler.engine import config
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import artifacts
 from handler.engine.compiled.artifacts import ArtifactPlaces
-from handler.engine.compiled.child_process import exit_now, watch_parent
-from handler.engine.compiled.cold_compile import compile_and_install
+from handler.engine.compiled.cold.child import exit_now, watch_parent
+from handler.engine.compiled.cold.compile_all import compile_and_install
 from handler.engine.compiled.errors import CompileError
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 
-log = logging.getLogger("handler.engine.compiled.compile_process")
+log = logging.getLogger("handler.engine.compiled.cold.in_background")
 
 NICENESS = 10  # below the serving worker: its steps win the CPU when both want it
 
@@ -48,7 +48,7 @@ def start_compile_process(cfg: EngineConfig, key: CacheKey, dest: Path) -> subpr
     process's goes (TorchServe's worker log)."""
     # The same torch thread count as this worker: the graphs guard on it. The CPU the worker
     # needs is kept by the process's lower priority (each compile process runs one thread of
-    # Python and g++; handler.engine.compiled.parallel_compile adds a second beside it on two cores).
+    # Python and g++; handler.engine.compiled.cold.side_by_side adds a second beside it on two cores).
     cmd = [sys.executable, "-m", __name__, "--config", config.to_json(cfg), "--key", key.digest(),
            "--dest", str(dest), "--threads", str(torch.get_num_threads()), "--parent", str(os.getpid())]
     return subprocess.Popen(cmd)
@@ -78,7 +78,7 @@ def compile_artifact(cfg: EngineConfig, digest: str, dest: Path, fork_threads: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m handler.engine.compiled.compile_process", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m handler.engine.compiled.cold.in_background", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the worker's resolved EngineConfig, as JSON")
     p.add_argument("--key", required=True, help="the cache key digest the worker looks for")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_parent(args.parent)
     os.nice(NICENESS)
     # One thread until the processes compiling beside this one are forked, with the model as
-    # prepared here (handler.engine.compiled.parallel_compile); then the worker's count.
+    # prepared here (handler.engine.compiled.cold.side_by_side); then the worker's count.
     torch.set_num_threads(1)
     log.info(compile_artifact(config.from_json(args.config), args.key, args.dest, fork_threads=args.threads))
     return 0

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, compile_times, cpp_cache, parallel_compile, saved_graphs
+from handler.engine.compiled import aot, cpp_cache, saved_graphs
+from handler.engine.compiled.cold import compile_times, side_by_side
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 from handler.engine.kv.pages import own_pages
 
-pytestmark = pytest.mark.skipif(parallel_compile.usable_cores() < 2, reason="needs two cores")
+pytestmark = pytest.mark.skipif(side_by_side.usable_cores() < 2, reason="needs two cores")
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +35,11 @@ def model(cfg):
 def _compile_steps(model, cfg) -> dict:
     model_cache = cpp_cache.inductor_cache_dir()
     with cpp_cache.private_build_dirs() as build_dir:  # as compile_and_install calls it
-        return parallel_compile.compile_in_parts(model, cfg, model_cache, build_dir)
+        return side_by_side.compile_in_parts(model, cfg, model_cache, build_dir)
 
 
 def test_children_compile_prefill_and_decode_general_as_they_would_here(cfg, model, caplog, capfd):
-    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.parallel_compile"):
+    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.cold.side_by_side"):
         steps = saved_graphs.serving_steps(model, _compile_steps(model, cfg))
     assert "compiling prefill in a process of its own" in caplog.text
     assert "compiling decode, general in a process of its own" in caplog.text
@@ -74,7 +75,8 @@ import json, sys, time
 from pathlib import Path
 import torch
 from handler.engine.checkpoint import open_checkpoint
-from handler.engine.compiled import aot, cpp_cache, parallel_compile
+from handler.engine.compiled import aot, cpp_cache
+from handler.engine.compiled.cold import side_by_side
 from handler.engine.compiled.prepare import prepare_model
 from handler.engine.config import EngineConfig
 
@@ -91,11 +93,11 @@ def part(model, cfg, part, out):
     Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
     time.sleep(600)
 
-parallel_compile._compile_part = part
+side_by_side._compile_part = part
 aot.compile_step = lambda *args: (aot.CompiledStep(model, "decode"), [])
 with cpp_cache.private_build_dirs() as build_dir:
     try:
-        parallel_compile.compile_in_parts(model, cfg, cpp_cache.inductor_cache_dir(), build_dir, fork_threads=2)
+        side_by_side.compile_in_parts(model, cfg, cpp_cache.inductor_cache_dir(), build_dir, fork_threads=2)
     except aot.AotError as err:
         print(json.dumps({"error": str(err), "threads": torch.get_num_threads()}))
 """
@@ -122,8 +124,8 @@ def test_one_core_compiles_in_this_process(cfg, model, monkeypatch, caplog):
     def compile_steps(model, cfg):
         raise CompiledHere
 
-    monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 1)
+    monkeypatch.setattr(side_by_side, "usable_cores", lambda: 1)
     monkeypatch.setattr(aot, "compile_steps", compile_steps)
-    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.parallel_compile"), pytest.raises(CompiledHere):
+    with caplog.at_level(logging.INFO, logger="handler.engine.compiled.cold.side_by_side"), pytest.raises(CompiledHere):
         _compile_steps(model, cfg)
     assert "process of its own" not in caplog.text

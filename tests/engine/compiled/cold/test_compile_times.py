@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from handler.engine.compiled import compile_times
-from handler.engine.compiled.compile_times import REFERENCE, REFERENCE_LAYERS
+from handler.engine.compiled.cold import compile_times
+from handler.engine.compiled.cold.compile_times import REFERENCE, REFERENCE_LAYERS
 
 PARTS = tuple(REFERENCE)
 

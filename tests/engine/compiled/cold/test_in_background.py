@@ -16,7 +16,7 @@ from handler.engine import config, platform
 from handler.engine.checkpoint import open_checkpoint
 from handler.engine.compiled import artifacts
 from handler.engine.compiled.artifacts import ArtifactPlaces
-from handler.engine.compiled.compile_process import compile_artifact, wait_for_compile
+from handler.engine.compiled.cold.in_background import compile_artifact, wait_for_compile
 from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
@@ -44,7 +44,7 @@ def test_a_failed_compile_process_is_a_compile_error():
 _CHILD = """
 import sys, time
 from pathlib import Path
-from handler.engine.compiled.child_process import watch_parent
+from handler.engine.compiled.cold.child import watch_parent
 watch_parent(int(sys.argv[1]), poll_s=0.05)
 Path(sys.argv[2]).write_text("started")
 try:
@@ -112,5 +112,5 @@ def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(
     key = artifacts.artifact_key(platform.resolve(cfg)[0], artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
     assert artifacts.check_dir(cache_dir, key).verdict == Verdict.VERIFIED
     assert (cache_dir / KEY_FILE_NAME).exists()
-    # Compiled beside it by processes forked with the model it prepared (parallel_compile).
+    # Compiled beside it by processes forked with the model it prepared (side_by_side).
     assert "compiling prefill in a process of its own beside this one (forked)" in capfd.readouterr().err

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 FILE = "compile-times.json"  # {"<layers>": {part: seconds from the start to its end}}
 
-# The reference: the compile process alone (python -m handler.engine.compiled.compile_process), default
+# The reference: the compile process alone (python -m handler.engine.compiled.cold.in_background), default
 # model (30 layers), three processes side by side on 2 cores (Zen 4), one run.
 REFERENCE = {"decode, batch 1": 103.0, "decode, general": 108.0, "prefill": 111.0}
 REFERENCE_LAYERS = 30
