@@ -57,7 +57,7 @@ class EngineConfig:
     freezing: bool = False
     max_autotune: bool = False  # Inductor benchmarks GEMM kernels (C++ templates on CPU): faster decode, slower compile
     # oneDNN-packed copies of the projection weights for calls with several rows (CPU;
-    # handler.engine.model.packed), in bf16 or float32: 1.3-7x faster GEMMs, one more copy in memory.
+    # handler.engine.model.packed), in bf16 or float32: faster GEMMs, one more copy in memory.
     packed_weights: Literal["auto", "off", "bfloat16", "float32"] = "auto"
     # Weight-only quantized projections (handler.engine.quant): "none", "int8" (per output channel),
     # "int4" (asymmetric, per group of group_size), "gguf" (the checkpoint's GGUF file as stored:

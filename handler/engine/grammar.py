@@ -6,8 +6,9 @@ token (accept). This runs on each row of the logits outside the compiled graphs,
 and free sequences share a batch and the graphs stay as they are.
 
 llguidance, not xgrammar or outlines-core: no dependencies of its own (xgrammar pulls triton and
-transformers), a tokenizer read from tokenizer.json, and a mask of the default model's 49,152
-tokens in ~0.15-0.25 ms, applied (bench/grammar.py; docs/benchmarks.md, Structured output).
+transformers), a tokenizer read from tokenizer.json, and a mask of the default model's whole
+vocabulary in a fraction of a millisecond, applied (bench/grammar.py; docs/benchmarks.md,
+Structured output).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Grammars:
 
     @functools.cached_property
     def _tokenizer(self) -> llguidance.LLTokenizer:
-        # Built at the first schema, not at start: ~0.3 s that a replica without such requests never pays.
+        # Built at the first schema, not at start: a replica without such requests never pays for it.
         tokenizer_json, vocab_size, eos_ids = self._args
         return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_ids)
 

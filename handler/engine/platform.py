@@ -158,8 +158,8 @@ def current() -> Platform:
 
     inductor_config.cpp.march = plat.profile.march
     # Inductor would test each vector ISA the CPU lists with a test compile and a dlopen in a
-    # subprocess before its first build (9.5 s on 2 cores with an empty cache: in every worker,
-    # for the quantized kernels and the cache key). The profile has chosen from the same CPU
+    # subprocess before its first build (seconds with an empty cache, in every worker, for the
+    # quantized kernels and the cache key: docs/benchmarks.md, "Engine choices"). The profile has chosen from the same CPU
     # flags, and ATEN_CPU_CAPABILITY makes Inductor take that profile's ISA; a compiler that
     # cannot build it then fails the build loudly rather than falling back to a narrower ISA.
     inductor_config.cpp.vec_isa_ok = True

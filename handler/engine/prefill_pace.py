@@ -1,9 +1,9 @@
 """How many prompt tokens an engine step may prefill: the whole prefill_chunk while nothing decodes
 (a first token as soon as it can be), and while sequences decode only as many as fit `stall_s` at
 the speed the last prefill calls took. A fixed chunk stalls the running streams for however long
-it takes the model: 512 tokens of a 1B model took ~5 s on 2 cores (docs/benchmarks.md, "The sizes
-users serve"), a token gap of 8 s; paced, the gap stays near stall_s whatever the model's size,
-and a long prompt is prefilled in more, shorter steps."""
+it takes the model, seconds at 1B on 2 cores (docs/benchmarks.md, "The sizes users serve");
+paced, the gap stays near stall_s whatever the model's size, and a long prompt is prefilled in
+more, shorter steps."""
 from __future__ import annotations
 
 import contextlib

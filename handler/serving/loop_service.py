@@ -4,15 +4,11 @@ In continuous mode every call is a round trip through TorchServe's frontend (the
 step or a few for every live request, the frontend sends them all back for the next). In async mode
 the frontend hands each request to the worker once and the worker answers when it likes: here a
 thread admits what arrived between two steps, steps the engine and hands every request's pieces to
-its `Delivery` (which writes them to TorchServe's socket, from this thread). Measured on the 2-core
-machines, once the loading thread releases its OpenMP workers (handler.serving.openmp): on Zen 4
-(bench/modes.py, bf16) 1.12x the round trips' output at 1 client (the frontend's CPU a token
-halves), 0.87x at 16; on Sapphire Rapids (bench/peer.py, one run per mode) 1.4-1.6x at 1 client and
-1.2-1.5x at 16, both when a continuous call was one step. Since continuous calls take several
-steps (continuous_call_ms) this mode serves less: 0.93x at 1 client, 0.90x at 16 (bench/modes.py,
-bf16, Sapphire Rapids). Continuous batching is the default also for what this mode lacks: the
-frontend sends nothing when a client goes away, so a request runs to its own end (bounded by its
-max_new_tokens).
+its `Delivery` (which writes them to TorchServe's socket, from this thread). It saves the
+frontend's round trip a token; which of it and continuous batching serves more has depended on
+the machine and the load (docs/benchmarks.md, "Batching modes"). Continuous batching is the
+default also for what this mode lacks: the frontend sends nothing when a client goes away, so a request runs to its own end
+(bounded by its max_new_tokens).
 
 Requests beyond the engine's slots wait in arrival order. gRPC gets each answer in one reply, as in
 continuous mode (token by token needs dynamic mode).

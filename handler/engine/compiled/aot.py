@@ -59,8 +59,9 @@ class CompiledStep:
     def __init__(self, model: Transformer, step: StepName, graphs: list[Any] | None = None):
         self.model, self.step = model, step
         self.graphs: list[Any] = []
-        # Checking a graph's guards costs ~0.8 ms (every weight's metadata), 5% of a batch-1
-        # decode step; the answer depends only on the arguments' metadata (the model is fixed).
+        # Checking a graph's guards reads every weight's metadata, a share of a batch-1 decode
+        # step (docs/benchmarks.md, "Engine choices"); the answer depends only on the arguments'
+        # metadata (the model is fixed).
         self._matched: dict[tuple[Any, ...], Any] = {}
         # The same signature also fixes each graph's flat inputs: called flat, a step skips the
         # bytecode that gathers them (handler.engine.compiled.flat_call). None: recorded, not placeable.

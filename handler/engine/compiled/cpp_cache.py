@@ -153,5 +153,5 @@ def compiled_libraries() -> set[Path]:
 def _built_files(cache: Path) -> list[Path]:
     # Libraries, and the objects a separately built C++ wrapper links (`<key>.main.o`,
     # `<key>.optimized.o`): Inductor checks each build step's output before running it, so
-    # without the objects a load compiles them again (~9 s a graph) only to find the library there.
+    # without the objects a load compiles them again (seconds a graph) only to find the library there.
     return sorted([*cache.glob("*/*.so"), *cache.glob("*/*.o")])

@@ -3,8 +3,8 @@
 A graph from `aot_compile` is called through bytecode Dynamo generated: it reads each of the
 model's ~370 parameters and buffers from its module tree (`self._modules["layers"]._modules["0"]
 ...`), then calls the compiled function with them and the call's own tensors, flat. On a
-batch-1 decode step of the default model that bytecode costs ~0.3 ms of a ~4 ms graph call, every
-step. The flat list depends only on the model (fixed once loaded: its tensors are updated in
+batch-1 decode step of a small model that bytecode is a noticeable share of the graph call, every
+step (docs/benchmarks.md, "Engine choices"). The flat list depends only on the model (fixed once loaded: its tensors are updated in
 place, never replaced) and on the call's arguments, so it is recorded once per argument signature
 (one bytecode call) and reused: the call's tensors go into their places, everything else is
 kept.

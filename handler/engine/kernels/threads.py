@@ -1,16 +1,17 @@
 """The engine's CPU threads: how many, and how they wait for each other.
 
-A decode step runs ~125 parallel loops (the default model: 121 quantized products and a few of
-Inductor's kernels). In an OpenMP team every loop ends at a barrier all threads must reach, so when
-another process shares the cores (a node agent, the sidecar, a neighbour's pod) and takes one
-thread off its core, every loop of the step waits for it: tokens 2 s apart with libgomp's long spin
-(GOMP_SPINCOUNT 300,000), half speed with a short one (3,000), which also cost 15-20% quiet.
+A decode step runs a parallel loop per projection (the default model: over a hundred) and a few
+of Inductor's kernels. In an OpenMP team every loop ends at a barrier all threads must reach, so
+when another process shares the cores (a node agent, the sidecar, a neighbour's pod) and takes one
+thread off its core, every loop of the step waits for it: with libgomp's long spin tokens came
+seconds apart, with a short one at half speed, and the short spin cost speed on a quiet machine
+too (docs/benchmarks.md, "On a shared CPU").
 
 `threading: pool` (the default) runs the products and attention in the kernels' own pool (pool.c):
 threads claim chunks of a loop, the caller too, so a thread that has not come takes no share and
 nobody waits for it; a worker spins 300 us between loops, then sleeps. Torch's own ops (Inductor's
 kernels between them, sampling) then run on one thread: two teams of threads, each spinning for the same cores,
-were measured to halve the speed. `threading: openmp` is the code before issue 58: everything in
+were measured far slower. `threading: openmp` is the code before issue 58: everything in
 torch's libgomp team (docs/benchmarks.md, "On a shared CPU").
 
 libgomp reads GOMP_SPINCOUNT once, when torch loads it, so it belongs in the environment that starts

@@ -26,12 +26,12 @@ class Linear(nn.Linear):
     compiled or not; after pack(float32) and use_matvec(batches=True) so do rows one per sequence
     (x [B, 1, K] or [B, K]: a decode batch, the output head). Otherwise, when compiled, single
     rows are written as a matrix-vector product Inductor generates itself: a vectorized reduction
-    parallel over output features. aten's mm reaches ~9 GB/s on that shape here (its GEMM setup
-    is sized for many rows); the reduction ~2x that. Eager calls do not use the reduction form: it
-    would materialize [N, K] there.
+    parallel over output features, which streams the weight about twice as fast as aten's mm (its
+    GEMM setup is sized for many rows). Eager calls do not use the reduction form: it would
+    materialize [N, K] there.
 
     After pack() every other call goes through oneDNN's packed copy of the weight
-    (handler.engine.model.packed: 1.3-6x faster from 2 to 128 rows on CPU).
+    (handler.engine.model.packed: faster from 2 to 128 rows on CPU).
 
     After quantize() the float weight is gone: `stored` holds the quantized weight (QuantizedWeight or
     KQuantWeight, as StoredWeight buffers), or its parts where a fused projection's parts are stored
@@ -147,6 +147,6 @@ def _one_row_per_sequence(x: Tensor) -> bool:
 def _materialized(x: Tensor) -> Tensor:
     """x, computed into a buffer of its own in a compiled graph. Inductor otherwise inlines the
     producer of a matrix-vector product's input (RMSNorm, the residual adds, the embedding
-    gather) into the reduction's inner loop, recomputing it once per output feature: on AVX2 a
-    batch-1 decode step took 33 ms with that and 19 ms without (default model, 2 threads)."""
+    gather) into the reduction's inner loop, recomputing it once per output feature: a batch-1
+    decode step took much longer (docs/benchmarks.md, "Engine choices")."""
     return torch.ops.prims.inductor_force_stride_order(x, x.stride())

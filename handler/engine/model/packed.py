@@ -1,14 +1,12 @@
 """Projection weights in oneDNN's blocked layout, for CPU calls with several rows.
 
-With a handful of rows aten's `mm` on the plain [N, K] weight is slow (bf16 weights streamed at
-~8-9 GB/s in a 16-row decode step on AVX-512; on AVX2, where bf16 has no GEMM kernel, it stays
-near 19 GFLOP/s at any row count). oneDNN's linear on a copy packed once at load
-(`torch.ops.mkldnn._reorder_linear_weight`) is faster. The copy is in bf16 where oneDNN has bf16
-kernels, in float32 elsewhere (handler.engine.platform.choose_path decides; oneDNN's own bf16
-check raises on AVX2). Measured (the default model's 30 layers + head, weights from memory):
-AVX-512-BF16, bf16 copy: 1.3x at 1 row, 2.1x at 4, 1.6x at 16, 1.2x at 128; AVX2, float32 copy
-of bf16 weights: 2.8x at 8 rows, 6.2x at 32, 7.0x at 128 (bench/paths.py, docs/benchmarks.md). The cost is a
-second copy of every projection weight (twice the bytes of bf16 weights for a float32 copy).
+With a handful of rows aten's `mm` on the plain [N, K] weight is slow: its GEMM setup is sized
+for many rows, and on AVX2 bf16 has no GEMM kernel at all. oneDNN's linear on a copy packed once
+at load (`torch.ops.mkldnn._reorder_linear_weight`) is faster at every row count measured
+(docs/benchmarks.md, "Engine choices"). The copy is in bf16 where oneDNN has bf16 kernels, in
+float32 elsewhere (handler.engine.platform.choose_path decides; oneDNN's own bf16 check raises on
+AVX2). The cost is a second copy of every projection weight (twice the bytes of bf16 weights for
+a float32 copy).
 
 The packed tensor has oneDNN's opaque layout, which Dynamo cannot guard on or serialize, so it
 stays out of the graphs: `packed_linear(x, weight)` is an opaque op that takes the plain weight

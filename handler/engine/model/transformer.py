@@ -119,7 +119,8 @@ class Block(nn.Module):
         return x + (getattr(self, post)(out) if self.post_norms else out)
 
     # Compile regions: Dynamo traces one layer's step and reuses the trace for the others, and
-    # aot.trace_settings inlines them back into one flat graph (the same graph, ~20% less compile CPU).
+    # aot.trace_settings inlines them back into one flat graph (the same graph, less compile CPU:
+    # docs/benchmarks.md, "Compile settings").
     @torch.compiler.nested_compile_region
     def prefill(self, x: Tensor, cos: Tensor, sin: Tensor, pages: Tensor, positions: Tensor,
                 visible: Tensor) -> Tensor:

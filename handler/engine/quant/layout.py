@@ -141,8 +141,8 @@ def pack_nibbles(values: Tensor) -> Tensor:
 
 def pack_int4_bytes(q: Tensor, n: int, k: int) -> Tensor:
     """Row-major int4 bytes [N, K/2] -> pack_nibbles' bytes [N/8, K/32, 128], by the CPU kernels'
-    loop (quantized.c: ts_llm_pack_int4): going through values with torch's permutes took 20 s of
-    an 8B model's 30 s load on 2 cores."""
+    loop (quantized.c: ts_llm_pack_int4): going through values with torch's permutes took most of
+    an 8B model's load (docs/benchmarks.md, "Engine choices")."""
     src = q.contiguous()
     out = torch.empty(n // ROWS, k // BLOCK, 128, dtype=torch.uint8)
     build.load().ts_llm_pack_int4(ctypes.c_void_p(src.data_ptr()), ctypes.c_void_p(out.data_ptr()),

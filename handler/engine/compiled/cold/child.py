@@ -38,7 +38,7 @@ def watch_parent(pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
 
 def exit_now(code: int) -> None:
     """Exit without tearing the interpreter down: after a compile, tearing down torch's modules
-    and Inductor's caches took ~1.5 s, and the parent waits for this exit. Call it when nothing
+    and Inductor's caches takes a second or more, and the parent waits for this exit. Call it when nothing
     is left to do: what the process wrote is complete, its locks released; logs are flushed here."""
     logging.shutdown()
     sys.stdout.flush()
