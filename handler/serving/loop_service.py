@@ -7,8 +7,8 @@ thread admits what arrived between two steps, steps the engine and hands every r
 its `Delivery` (which writes them to TorchServe's socket, from this thread). It saves the
 frontend's round trip a token; which of it and continuous batching serves more has depended on
 the machine and the load (docs/benchmarks.md, "Batching modes"). Continuous batching is the
-default also for what this mode lacks: the frontend sends nothing when a client goes away, so a request runs to its own end
-(bounded by its max_new_tokens).
+default also for what this mode lacks: the frontend sends nothing when a client goes away, so a
+request runs to its own end (bounded by its max_new_tokens).
 
 Requests beyond the engine's slots wait in arrival order. gRPC gets each answer in one reply, as in
 continuous mode (token by token needs dynamic mode).
