@@ -1,10 +1,13 @@
 """Phase 3 of the chaos run: two replicas behind HAProxy, a spot notice on one of them.
 
 Each replica is a TorchServe with its own sidecar and metadata emulator, token auth off as in
-the Kubernetes config (a balancer cannot know each replica's random key). HAProxy checks each
+the Kubernetes config (a balancer cannot know each replica's random key), and resume records
+sealed with one fleet secret in one shared store, as the deployment has them. HAProxy checks each
 sidecar's `/ready` and retries only what provably never ran (bench/chaos/haproxy.py). N
 closed-loop clients send to HAProxy and never retry: every request that does not complete is a
-failure the client saw. Replica r0 gets the notice, drains and stops; r1 carries the load.
+failure the client saw. Replica r0 gets the notice, drains and stops; r1 carries the load. Then
+the resume capability is checked on r1 (bench/chaos/security.py), and every long stream's request
+runs uncut on a freshly started replica, r2, for its reference (bench/chaos/resume.py).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,17 +23,28 @@ from pathlib import Path
 
 import requests
 
-from bench.chaos import resume
+from bench.chaos import resume, security
 from bench.chaos.haproxy import Backend, HAProxy, ensure_installed
 from bench.chaos.outcomes import Target, sender
-from bench.chaos.replica import MODEL, Sidecar, build_archive, raise_spot_notice, replica_with_sidecar
+from bench.chaos.replica import (
+    MODEL,
+    Sidecar,
+    build_archive,
+    raise_spot_notice,
+    replica_with_sidecar,
+    start_replica_torchserve,
+    stop_torchserve,
+)
 from bench.chaos.timeline import Sample, Sampler
 from bench.load import ClosedLoop, Record
 from handler.testing.metadata_emulator import MetadataEmulator
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
 NOTICED = "r0"
-LONG_STREAMS = 20  # about half reach the noticed replica (leastconn): at least 8 cut
+LONG_STREAMS = 80  # about half reach the noticed replica (leastconn): at least 32 cut
+# Each replica's slots: its half of the long streams beside the clients' requests, all running
+# when the notice comes (a stream still queued in TorchServe is refused, not cut).
+LB_BATCH_SIZE = 64
 
 
 @dataclass
@@ -47,17 +62,20 @@ class LbPhase:
     report: dict[str, object] | None = None
     torchserve_exit_code: int | None = None
     long_streams: list[resume.LongStream] = field(default_factory=list)  # resumable, cut and resumed
-    reference: str = ""  # a long stream's uninterrupted text
+    reference: dict[str, str] = field(default_factory=dict)  # each long stream's text, uncut on a fresh replica
+    security: dict[str, object] = field(default_factory=dict)  # bench/chaos/security.py's checks
 
 
 def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
     binary = ensure_installed()
     with contextlib.ExitStack() as stack:
         replicas = []
+        secret = _fleet_secret(work / "resume-secret")
         for name in ("r0", "r1"):
             flag = work / name / "run" / "draining"  # one flag per replica: the .mar names it
             store = work / name / "store"
-            build_archive(checkpoint, store, flag, args.compile, args.batch_size, work / "resume-store")
+            build_archive(checkpoint, store, flag, args.compile, max(args.batch_size, LB_BATCH_SIZE),
+                          work / "resume-store", secret)
             settings = functools.partial(_settings, args, flag=flag)  # emulator -> the sidecar's settings
             replicas.append(stack.enter_context(replica_with_sidecar(work / name, store, settings, NO_TOKEN_AUTH)))
         backends = [Backend(name, ts.ports.inference, sidecar.port)
@@ -69,9 +87,24 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
         ts, sidecar, emulator = replicas[0]
         run_lb(args, phase, haproxy, sidecar, emulator)
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
-        survivor = replicas[1][0]
-        phase.reference = resume.reference(f"http://127.0.0.1:{survivor.ports.inference}/predictions/{MODEL}")
+        survivor = f"http://127.0.0.1:{replicas[1][0].ports.inference}/predictions/{MODEL}"
+        phase.security = {"edited_record": security.edited_record_accepted(work / "resume-store", survivor),
+                          "public_id": security.resume_token_in_public_id(survivor + "/1.0/v1/chat/completions")}
+        fresh = start_replica_torchserve(work / "r1" / "store", work / "r2" / "ts")
+        try:
+            phase.reference = resume.reference(f"http://127.0.0.1:{fresh.ports.inference}/predictions/{MODEL}",
+                                               LONG_STREAMS)
+        finally:
+            stop_torchserve(fresh)
         return phase
+
+
+def _fleet_secret(path: Path) -> Path:
+    """The fleet's resume secret (a Kubernetes Secret in the deployment): 32 random bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
 
 
 def _settings(args: argparse.Namespace, emulator: MetadataEmulator, flag: Path) -> dict[str, object]:

@@ -33,7 +33,7 @@ BUCKET, PREFIX = "chaos-compile-cache", "ts-llm/llm"
 
 
 def build_archive(checkpoint: Path, store: Path, flag: Path, compile_mode: str,
-                  batch_size: int, resume_store: Path | None = None) -> Path:
+                  batch_size: int, resume_store: Path | None = None, resume_secret: Path | None = None) -> Path:
     # One intra-op thread: on a small machine shared with other work, two OpenMP threads
     # contending for two cores make every decode step an order of magnitude slower.
     handler = {"dtype": "bfloat16", "compile": compile_mode, "max_seq_len": 256,
@@ -41,6 +41,8 @@ def build_archive(checkpoint: Path, store: Path, flag: Path, compile_mode: str,
                "served_model_name": MODEL, "drain_flag_file": str(flag)}
     if resume_store is not None:  # resumable streams, long enough to outlive a notice
         handler |= {"resume_store": str(resume_store), "max_seq_len": 1024, "max_new_tokens_cap": 1000}
+    if resume_secret is not None:  # records sealed with the fleet's secret, as the deployment has them
+        handler |= {"resume_secret_file": str(resume_secret)}
     return build_mar(checkpoint, MODEL, store,
                      ServingOptions("continuous", batch_size=batch_size, handler=handler))
 

@@ -66,7 +66,7 @@ class ContinuousService:
         arrived = [inc for inc in batch if inc.request_id not in s.live]
         refused = {inc.request_id: r for inc in arrived if (r := s.admission.admit(inc))}
         taken = s.engine.running
-        refused |= s.starts.start_waiting(can_wait=lambda live: live.http)  # gRPC cannot wait (reply.py)
+        refused |= s.starts.start_waiting(grpc_waits=False)
         started = s.engine.running > taken
         if s.engine.running and (started or not ahead):  # a request started now is in this call's step
             self._steps_for_this_call()

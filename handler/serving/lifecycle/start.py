@@ -3,8 +3,6 @@ they fit (slots and KV pages); the engine prefills their prompts at its next ste
 does not fit waits, and so does every one behind it."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.grammar import GrammarError
 from handler.serving.formats import error_body
@@ -19,15 +17,16 @@ class Starts:
     def waiting(self) -> bool:
         return any(self._waits(live) for live in self.live.values())
 
-    def start_waiting(self, can_wait: Callable[[Live], bool] = lambda live: True) -> dict[str, Reply]:
+    def start_waiting(self, grpc_waits: bool = True) -> dict[str, Reply]:
         """Start waiting requests in arrival order while they fit; the replies of those that could
-        not start, by request id. A request that cannot wait (`can_wait` false: continuous mode's
-        gRPC) is started unchecked, and refused with a 503 when the engine is full."""
+        not start, by request id. A gRPC request that cannot wait (`grpc_waits` false: continuous
+        mode, handler.serving.lifecycle.reply) is started unchecked, and refused with a 503 when
+        the engine is full."""
         refused, blocked = {}, False
         for request_id, live in list(self.live.items()):
             if not self._waits(live):
                 continue
-            if (not blocked and self._fits(live)) or not can_wait(live):
+            if (not blocked and self._fits(live)) or not (live.http or grpc_waits):
                 if (refusal := self._start(request_id)) is not None:
                     refused[request_id] = refusal
             else:
