@@ -36,7 +36,7 @@ def build_archive(checkpoint: Path, store: Path, flag: Path, compile_mode: str,
                   batch_size: int, resume_store: Path | None = None, resume_secret: Path | None = None) -> Path:
     # One intra-op thread: on a small machine shared with other work, two OpenMP threads
     # contending for two cores make every decode step an order of magnitude slower.
-    handler = {"dtype": "bfloat16", "compile": compile_mode, "max_seq_len": 256,
+    handler = {"compile": compile_mode, "max_seq_len": 256,
                "max_new_tokens_cap": 64, "default_max_new_tokens": 16, "threads": 1,
                "served_model_name": MODEL, "drain_flag_file": str(flag)}
     if resume_store is not None:  # resumable streams, long enough to outlive a notice

@@ -9,6 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.chaos.lb import LB_BATCH_SIZE
 from bench.chaos.outcomes import LOST, REFUSED, outcome_counts
 from bench.chaos.resume import summary as resume_summary
 from bench.chaos.timeline import Sample, client_curves
@@ -178,8 +179,8 @@ def _after(t: float | None, t0: float) -> float | None:
 def setup(args: argparse.Namespace) -> dict[str, Any]:
     import os
 
-    return {"model": "SmolLM2-135M-Instruct, bfloat16, " + args.compile + ", 1 torch thread",
-            "batching": f"continuous, batchSize {args.batch_size}",
+    return {"model": "SmolLM2-135M-Instruct as served by default (its GGUF file), " + args.compile + ", 1 torch thread",
+            "batching": f"continuous, batchSize {args.batch_size} (phase 3: {max(args.batch_size, LB_BATCH_SIZE)})",
             "max_new_tokens": list(args.tokens), "streaming_share": 0.5,
             "python": platform.python_version(), "torch": version("torch"),
             "torchserve": version("torchserve"), "cpus": os.cpu_count(),
