@@ -38,12 +38,13 @@ from bench.chaos.replica import (
 from bench.chaos.timeline import Sample, Sampler
 from bench.load import ClosedLoop, Record
 from handler.testing.metadata_emulator import MetadataEmulator
+from handler.torchserve.launch import TorchServe
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
 NOTICED = "r0"
-LONG_STREAMS = 80  # about half reach the noticed replica (leastconn): at least 32 cut
-# Each replica's slots: its half of the long streams beside the clients' requests, all running
-# when the notice comes (a stream still queued in TorchServe is refused, not cut).
+LONG_STREAMS = 36  # sent to the noticed replica: at least 32 cut
+# Each replica's slots: the long streams beside the clients' requests, all running when the notice
+# comes (a stream still queued in TorchServe is refused, not cut), and on the survivor once resumed.
 LB_BATCH_SIZE = 64
 
 
@@ -85,12 +86,12 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
         haproxy.wait_up([b.name for b in backends])
         phase = LbPhase(start=time.time(), haproxy_version=haproxy.version)
         ts, sidecar, emulator = replicas[0]
-        run_lb(args, phase, haproxy, sidecar, emulator)
+        run_lb(args, phase, haproxy, (ts, sidecar, emulator))
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
         survivor = f"http://127.0.0.1:{replicas[1][0].ports.inference}/predictions/{MODEL}"
         phase.security = {"edited_record": security.edited_record_accepted(work / "resume-store", survivor),
                           "public_id": security.resume_token_in_public_id(survivor + "/1.0/v1/chat/completions")}
-        fresh = start_replica_torchserve(work / "r1" / "store", work / "r2" / "ts")
+        fresh = start_replica_torchserve(work / "r1" / "store", work / "r2" / "ts", NO_TOKEN_AUTH)
         try:
             phase.reference = resume.reference(f"http://127.0.0.1:{fresh.ports.inference}/predictions/{MODEL}",
                                                LONG_STREAMS)
@@ -114,8 +115,9 @@ def _settings(args: argparse.Namespace, emulator: MetadataEmulator, flag: Path) 
             "key_file": None}
 
 
-def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar: Sidecar,
-           emulator: MetadataEmulator) -> None:
+def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy,
+           noticed: tuple[TorchServe, Sidecar, MetadataEmulator]) -> None:
+    ts, sidecar, emulator = noticed
     sampler = Sampler(sidecar).start()
     watch = _DownWatch(haproxy, NOTICED).start()
     # A refused request counts as failed here: the client sends its next one after the pause.
@@ -124,7 +126,8 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy, sidecar: 
     long_streams = None
     try:
         time.sleep(args.warmup_s)
-        long_streams = resume.LongStreams(target.url, LONG_STREAMS).start(until=time.time() + args.deadline_s + 600)
+        first = f"http://127.0.0.1:{ts.ports.inference}/predictions/{MODEL}"
+        long_streams = resume.LongStreams(first, target.url, LONG_STREAMS).start(until=time.time() + args.deadline_s + 600)
         time.sleep(3.0)  # admitted, streaming, when the notice comes
         phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, f" on {NOTICED} behind HAProxy")
         sidecar.process.wait(timeout=args.deadline_s + 60)

@@ -400,7 +400,7 @@ Errors the clients saw:
 {lb_errors}
 
 **Resumable streams.** Beside that load, {rs['streams']} greedy streams of {rs['tokens_each']} tokens
-went through HAProxy 3 s before the notice, long enough to outlive it; both replicas write the
+went to r0 3 s before the notice, long enough to outlive it; both replicas write the
 records of cut streams to one store (`resume_store`). A cut stream's client reconnects through
 HAProxy with the id its final line names (`{{"resume": id}}`), as the final event tells it to, and is
 counted as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`).

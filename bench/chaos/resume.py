@@ -1,8 +1,8 @@
-"""Phase 3's long streams: greedy NDJSON streams, each its own prompt, sent through HAProxy just
-before the spot notice, long enough to outlive it. One that is cut (its last line carries
-`error.resume`) reconnects through HAProxy with `{"resume": id}`, as a client of resumable streams
-does, until it finishes; a 503 (a draining replica refused it before accepting it) is sent again
-after the `retry:` pause. Each joined answer is compared with the same request run uncut on a
+"""Phase 3's long streams: greedy NDJSON streams, each its own prompt, sent to the replica about to
+get the spot notice just before it, long enough to outlive it (so that every one is cut). One that
+is cut (its last line carries `error.resume`) reconnects through HAProxy with `{"resume": id}`, as
+a client of resumable streams does, until it finishes; a 503 (a draining replica refused it before
+accepting it) is sent again through HAProxy after the `retry:` pause. Each joined answer is compared with the same request run uncut on a
 freshly started replica (`reference`), all of them at once: the engine's answers do not depend on
 what else is batched with them (docs/benchmarks.md, "Batch invariance"), so neither the survivor's
 batches nor the fresh replica's may change a token.
@@ -23,6 +23,7 @@ import requests
 PROMPT = "Write a long story about a lighthouse keeper and the storm that changed everything."
 LONG_TOKENS = 600  # at the chaos run's decode speed, longer than the notice's 30 s
 RETRY_S = 1.0  # the SSE `retry:` the handler sends
+REFERENCE_WAIT_S = 900.0  # the reference's requests beyond the fresh replica's slots wait for whole streams
 
 
 def prompts(count: int) -> list[str]:
@@ -41,7 +42,8 @@ class LongStream:
 
 @dataclass
 class LongStreams:
-    url: str  # HAProxy's .../predictions/llm
+    first_url: str  # the noticed replica's .../predictions/llm
+    url: str  # HAProxy's: every later request (a resume, a retry)
     count: int
     streams: list[LongStream] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -49,7 +51,7 @@ class LongStreams:
     def start(self, until: float) -> LongStreams:
         for i, prompt in enumerate(prompts(self.count)):
             self.streams.append(stream := LongStream(prompt))
-            self.threads.append(threading.Thread(target=run, args=(self.url, stream, until), name=f"long-{i}", daemon=True))
+            self.threads.append(threading.Thread(target=run, args=(self.first_url, self.url, stream, until), name=f"long-{i}", daemon=True))
         for thread in self.threads:
             thread.start()
         return self
@@ -64,14 +66,15 @@ def body(prompt: str) -> dict[str, object]:
     return {"prompt": prompt, "max_new_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True}
 
 
-def run(url: str, stream: LongStream, until: float) -> None:
-    request = body(stream.prompt)
+def run(first_url: str, url: str, stream: LongStream, until: float) -> None:
+    request, to = body(stream.prompt), first_url
     while time.time() < until:
         try:
-            last = _send(url, request, stream)
+            last = _send(to, request, stream)
         except (requests.RequestException, ValueError) as err:
             stream.error = f"{type(err).__name__}: {str(err)[:160]}"
             return
+        to = url
         if last is None:  # refused before it was accepted: the balancer sends it elsewhere next time
             time.sleep(RETRY_S)
             continue
@@ -86,9 +89,10 @@ def run(url: str, stream: LongStream, until: float) -> None:
     stream.error = stream.error or "did not finish in time"
 
 
-def _send(url: str, request: dict[str, Any], stream: LongStream) -> dict | None:
-    """The stream's last line; None when refused with a 503 before anything was sent."""
-    with requests.post(url, json=request, stream=True, timeout=(5.0, 120.0)) as response:
+def _send(url: str, request: dict[str, Any], stream: LongStream, wait_s: float = 120.0) -> dict | None:
+    """The stream's last line; None when refused with a 503 before anything was sent. `wait_s`:
+    for each piece, the first included (a request queued behind full slots waits for one)."""
+    with requests.post(url, json=request, stream=True, timeout=(5.0, wait_s)) as response:
         if response.status_code == 503:
             return None
         if response.status_code != 200:
@@ -107,7 +111,7 @@ def reference(url: str, count: int) -> dict[str, str]:
     lasts: list[dict | None] = [None] * count
 
     def one(i: int) -> None:
-        lasts[i] = _send(url, body(streams[i].prompt), streams[i])
+        lasts[i] = _send(url, body(streams[i].prompt), streams[i], wait_s=REFERENCE_WAIT_S)
 
     threads = [threading.Thread(target=one, args=(i,), name=f"reference-{i}") for i in range(count)]
     for thread in threads:
