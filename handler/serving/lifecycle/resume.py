@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from handler.engine.sequence import Continuation
 from handler.resume.ids import ResumeIdError, ResumePoint, event_id, new_key, parse_event_id
@@ -41,18 +40,52 @@ class Resumption:
     def __init__(self, records: ResumeRecords | None, limits: Limits, metrics: MetricSink):
         self.records, self.limits, self.metrics = records, limits, metrics
 
-    def asked(self, inc: Incoming) -> ResumePoint | None:
-        """The resume point a request asks for; None for a new request. RequestError for an id
-        this server never issues."""
-        return asked_resume(inc.body, inc.url_path, inc.last_event_id)
+    @staticmethod
+    def asked(inc: Incoming) -> ResumePoint | None:
+        """The resume point a request asks for (its Last-Event-ID header, or the native body's
+        `resume`); None for a new request. RequestError for an id this server never issues."""
+        text = inc.last_event_id
+        if api_for_path(inc.url_path) == "native" and inc.body is not None:
+            data = decode_body(inc.body)
+            if RESUME_FIELD in data:
+                if not isinstance(data[RESUME_FIELD], str):
+                    raise RequestError(f"`{RESUME_FIELD}` must be a string: the `id` of the last event received")
+                if text is not None and text.strip() != data[RESUME_FIELD].strip():
+                    raise RequestError(f"the Last-Event-ID header and `{RESUME_FIELD}` name different events; send one")
+                text = data[RESUME_FIELD]
+        if text is None or not text.strip():
+            return None
+        try:
+            return parse_event_id(text)
+        except ResumeIdError as err:
+            raise RequestError(str(err)) from err
 
     def resumed(self, point: ResumePoint, inc: Incoming) -> tuple[GenerationRequest, Continuation]:
-        """The recorded request, and where it goes on; RequestError (404, 410, 400, 503) else."""
-        return resume_request(self.records, point, inc.body, inc.url_path, self.limits)
+        """The recorded request, and where it goes on; RequestError (404, 410, 400, 503) else. The
+        body may repeat the first request (only its `model` is read, and checked) or be empty."""
+        api = api_for_path(inc.url_path)
+        data = decode_body(inc.body) if inc.body not in (None, b"", "") else {}
+        unknown = sorted(set(data) - FIELDS[api] - {RESUME_FIELD})
+        if unknown:
+            raise RequestError(f"unknown field(s) {', '.join(map(repr, unknown))} in a resume request")
+        if isinstance(data.get("model"), str):
+            check_model(data["model"], self.limits.served_model_name)
+        if self.records is None:
+            raise RequestError("this replica has no resume store (handler.resume_store): it cannot resume a stream; "
+                               "send the request again", status=404)
+        try:
+            record = self.records.get(point.key, self.limits.vocab_size or 2**31)
+        except ResumeError as err:
+            raise RequestError(str(err), status=err.status) from err
+        _check(record, point, api, self.limits)
+        req = GenerationRequest(record.api, list(record.prompt_ids), record.params, True, record.include_usage)
+        return req, Continuation(record.output_ids, point.chars, record.rng_state)
 
     def key_for(self, req: GenerationRequest) -> str | None:
-        """A new stream's key, when it is resumable here."""
-        return new_key() if self.records is not None and resumable(req) else None
+        """A new stream's key, when it is resumable here: one sample, no tools (a tool call's
+        held-back text is not a point a client can resume from)."""
+        resumable = req.stream and req.n == 1 and req.tools is None
+        return new_key() if self.records is not None and resumable else None
 
     @staticmethod
     def wants_record(live: Live) -> bool:
@@ -63,59 +96,27 @@ class Resumption:
         """Write each cut stream's record (`wants_record`): its resume id, or a plain cut."""
         assert self.records is not None, "only a replica with a resume store gives streams keys"
         for live, at in cut:
-            assert live.key is not None, live
-            # What the client holds once the final event is out (the pending pieces go with it).
-            live.resume_id = write_record(self.records, live.key, live.req, at, live.samples[0].chars,
-                                          self.limits.served_model_name)
+            live.resume_id = self._write(live, at)
             self.metrics.observe("ts_llm_request_failure_total", 1, "cut_resumable" if live.resume_id else "cut_by_shutdown")
-        prune(self.records)
+        try:
+            self.records.prune()
+        except ResumeError as err:  # expiry is checked on read too: a failed prune costs space, not safety
+            log.warning("resume: deleting old records failed: %s", err)
 
-
-def resumable(req: GenerationRequest) -> bool:
-    return req.stream and req.n == 1 and req.tools is None
-
-
-def asked_resume(body: Any, url_path: str, last_event_id: str | None) -> ResumePoint | None:
-    """The resume point a request asks for (its Last-Event-ID header, or the native body's
-    `resume`); None for a new request. RequestError for an id this server never issues."""
-    text = last_event_id
-    if api_for_path(url_path) == "native" and body is not None:
-        data = decode_body(body)
-        if RESUME_FIELD in data:
-            if not isinstance(data[RESUME_FIELD], str):
-                raise RequestError(f"`{RESUME_FIELD}` must be a string: the `id` of the last event received")
-            if text is not None and text.strip() != data[RESUME_FIELD].strip():
-                raise RequestError(f"the Last-Event-ID header and `{RESUME_FIELD}` name different events; send one")
-            text = data[RESUME_FIELD]
-    if text is None or not text.strip():
-        return None
-    try:
-        return parse_event_id(text)
-    except ResumeIdError as err:
-        raise RequestError(str(err)) from err
-
-
-def resume_request(records: ResumeRecords | None, point: ResumePoint, body: Any, url_path: str,
-                   limits: Limits) -> tuple[GenerationRequest, Continuation]:
-    """The recorded request, and where it goes on; RequestError (404, 410, 400, 503) else. The
-    body may repeat the first request (only its `model` is read, and checked) or be empty."""
-    api = api_for_path(url_path)
-    data = decode_body(body) if body not in (None, b"", "") else {}
-    unknown = sorted(set(data) - FIELDS[api] - {RESUME_FIELD})
-    if unknown:
-        raise RequestError(f"unknown field(s) {', '.join(map(repr, unknown))} in a resume request")
-    if isinstance(data.get("model"), str):
-        check_model(data["model"], limits.served_model_name)
-    if records is None:
-        raise RequestError("this replica has no resume store (handler.resume_store): it cannot resume a stream; "
-                           "send the request again", status=404)
-    try:
-        record = records.get(point.key, limits.vocab_size or 2**31)
-    except ResumeError as err:
-        raise RequestError(str(err), status=err.status) from err
-    _check(record, point, api, limits)
-    req = GenerationRequest(record.api, list(record.prompt_ids), record.params, True, record.include_usage)
-    return req, Continuation(record.output_ids, point.chars, record.rng_state)
+    def _write(self, live: Live, at: Continuation) -> str | None:
+        """The id to resume from, or None when the record could not be written (logged: the
+        stream ends as an unresumable cut, and its client sends the request again)."""
+        assert self.records is not None and live.key is not None, live
+        req = live.req
+        sent_chars = live.samples[0].chars  # what the client holds once the final event is out (the pending pieces go with it)
+        record = ResumeRecord(live.key, self.limits.served_model_name, req.api, time.time(), tuple(req.prompt_ids),
+                              at.output_ids, sent_chars, req.params, req.include_usage, at.rng_state)
+        try:
+            self.records.put(record)
+        except ResumeError as err:
+            log.error("resume: stream %s is not resumable: %s", live.key, err)
+            return None
+        return event_id(live.key, sent_chars)
 
 
 def _check(record: ResumeRecord, point: ResumePoint, api: str, limits: Limits) -> None:
@@ -131,28 +132,6 @@ def _check(record: ResumeRecord, point: ResumePoint, api: str, limits: Limits) -
     if len(record.prompt_ids) + record.params.max_new_tokens > limits.max_seq_len:
         raise RequestError(f"stream {record.key} needs a context of {len(record.prompt_ids) + record.params.max_new_tokens} "
                            f"tokens, more than this replica's {limits.max_seq_len}; send the request again")
-
-
-def write_record(records: ResumeRecords, key: str, req: GenerationRequest, at: Continuation, sent_chars: int,
-                 model: str) -> str | None:
-    """Write the record of stream `key`, cut now with its client holding `sent_chars` characters;
-    the id to resume from, or None when it could not be written (logged: the stream ends as an
-    unresumable cut, and its client sends the request again)."""
-    record = ResumeRecord(key, model, req.api, time.time(), tuple(req.prompt_ids), at.output_ids, sent_chars,
-                          req.params, req.include_usage, at.rng_state)
-    try:
-        records.put(record)
-    except ResumeError as err:
-        log.error("resume: stream %s is not resumable: %s", key, err)
-        return None
-    return event_id(key, sent_chars)
-
-
-def prune(records: ResumeRecords) -> None:
-    try:
-        records.prune()
-    except ResumeError as err:  # expiry is checked on read too: a failed prune costs space, not safety
-        log.warning("resume: deleting old records failed: %s", err)
 
 
 _ROUTES = {"the native API (/predictions/<model>)": "native", "v1/completions": "completions",
