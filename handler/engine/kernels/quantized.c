@@ -455,7 +455,8 @@ void ts_llm_quantized_linear(int bits, const float *x, const uint8_t *q, const u
  * in the high) into the layout above, [N/8, K/32, 128] (byte 32 c + 4 r + i of a block: column
  * 8 c + i of row r low, 8 c + 4 + i high), at load: a byte of column group c < 2 joins the low
  * nibbles of source bytes 8 c + i and 8 c + 4 + i, one of c >= 2 their high nibbles. The same
- * reordering in torch's permutes took 20 s of an 8B model's 30 s load (layout.pack). */
+ * reordering in torch's permutes took most of an 8B model's load (docs/benchmarks.md, "Engine
+ * choices"). */
 #ifdef __cplusplus
 extern "C"
 #endif

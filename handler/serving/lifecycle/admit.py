@@ -35,7 +35,7 @@ class Admission:
             return self._models_reply(model)
         if self.draining() or self.cutting():
             # Refused before it was accepted: the client retries on another replica.
-            return self._refused("draining", RequestError(DRAINING_MESSAGE, status=503))
+            return self._refused("draining", DRAINING_MESSAGE, 503)
         tok = self.engine.tokenizer
         try:
             if (point := self.resume.asked(inc)) is not None:
@@ -43,7 +43,7 @@ class Admission:
             req = parse_request(inc.body, inc.url_path, tok.encode, tok.encode_chat, self.limits)
             self._check_schema(req.params.json_schema, "`tools`" if req.tools else "`response_format`")
         except RequestError as err:
-            return self._refused("invalid_request", err)
+            return self._refused("invalid_request", err.message, err.status)
         self._add(inc, req, self.resume.key_for(req))
         return None
 
@@ -51,13 +51,13 @@ class Admission:
         try:
             req, at = self.resume.resumed(point, inc)
         except RequestError as err:
-            return self._refused("resume_refused", err)
+            return self._refused("resume_refused", err.message, err.status)
         self._add(inc, req, point.key, at)
         return None
 
-    def _refused(self, reason: str, err: RequestError) -> Reply:
+    def _refused(self, reason: str, message: str, status: int) -> Reply:
         self.metrics.observe("ts_llm_request_failure_total", 1, reason)
-        return Reply(error_body(err.message, err.status), err.status)
+        return Reply(error_body(message, status), status)
 
     def _add(self, inc: Incoming, req: GenerationRequest, key: str | None, resume: Continuation | None = None) -> None:
         samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
