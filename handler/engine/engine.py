@@ -106,14 +106,15 @@ class Engine:
         self.add_samples(request_id, prompt_ids, [params])
 
     def add_samples(self, request_id: str, prompt_ids: list[int], params: list[SamplingParams],
-                    resume: Continuation | None = None) -> None:
+                    resume: list[Continuation] | None = None) -> None:
         """len(params) samples of one prompt (StepOutput.index tells them apart), each in its own
         slot: the prompt is prefilled once and its KV copied to the other slots, which then sample
-        on their own (params, seeds). `resume`: one sample goes on from where it was cut."""
+        on their own (params, seeds). `resume`: each sample goes on from where it was cut (one
+        Continuation per params, its index the sample's); each prefills its own tokens."""
         assert prompt_ids, "empty prompt"
-        assert resume is None or len(params) == 1, "a resumed generation is one sample"
+        assert resume is None or len(resume) == len(params), (len(params), resume)
         assert all(len(prompt_ids) + p.max_new_tokens <= self.max_seq_len for p in params), len(prompt_ids)
-        assert len(params) == 1 or self._memory.can_share, "no copy_page: one sample per prompt"
+        assert len(params) == 1 or resume is not None or self._memory.can_share, "no copy_page: one sample per prompt"
         if not self.free_slots:
             raise EngineFull(f"all {len(self._slots)} slots are busy")
         if self.free_slots < len(params):
@@ -123,24 +124,26 @@ class Engine:
                              f"requests but {self._unpromised()}")
         matchers = [self._matcher(p) for p in params]  # GrammarError before any slot is taken
         leader = None
-        context = list(prompt_ids) + list(resume.output_ids) if resume is not None else prompt_ids
         for index, (p, matcher) in enumerate(zip(params, matchers)):
+            at = resume[index] if resume is not None else None
+            context = prompt_ids if at is None else list(prompt_ids) + list(at.output_ids)
             slot = self._free_slot(context if leader is None else [])
-            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index, leader, matcher,
-                           LogitControls.for_params(p, prompt_ids, self.tokenizer.eos_ids))
-            if resume is not None:
-                restore(seq, resume, self.tokenizer.decode)
+            seq = Sequence(request_id, list(prompt_ids), p, slot, make_generator(p), index if at is None else at.index,
+                           leader, matcher, LogitControls.for_params(p, prompt_ids, self.tokenizer.eos_ids))
+            if at is not None:
+                restore(seq, at, self.tokenizer.decode)
             self._slots[slot] = seq
             # What the slot holds past the pages promised to its new sequence is none of its prefix:
             # given back now, so running sequences hold no more pages than their promises.
             self._memory.truncate(slot, promised_pages(len(prompt_ids), p.max_new_tokens) * PAGE, self._idle())
             self._waiting.append(seq)
-            leader = leader or seq
+            if resume is None:  # resumed samples have tokens of their own: none copies another's prefix
+                leader = leader or seq
 
-    def continuation(self, request_id: str) -> Continuation | None:
-        """Where the request's (first) sample could go on, at this step; None when not running."""
-        seq = next((s for s in self._slots if s is not None and s.request_id == request_id and s.index == 0), None)
-        return None if seq is None else continuation(seq)
+    def continuations(self, request_id: str) -> list[Continuation]:
+        """Where each of the request's running samples could go on, at this step (none: not running)."""
+        running = [s for s in self._slots if s is not None and s.request_id == request_id]
+        return [continuation(s) for s in sorted(running, key=lambda s: s.index)]
 
     def _free_slot(self, prompt_ids: list[int]) -> int:
         taken = [s is not None for s in self._slots]
@@ -172,18 +175,6 @@ class Engine:
         self._start_decoding()
         running = [s for s in self._slots if s is not None and s.decoding]
         return self._advance(running, self._run_decode(running)) if running else []
-
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
-        """Offline helper: run prompts to completion (as many at once as there are slots)."""
-        pending = list(enumerate(prompts))
-        done: dict[str, list[int]] = {}
-        while pending or self.running:
-            while pending and self.free_slots:
-                i, ids = pending.pop(0)
-                self.add(str(i), ids, params[i])
-            for out in self.step():
-                done.setdefault(out.request_id, []).extend(out.token_ids)
-        return [done[str(i)] for i in range(len(prompts))]
 
     # ---- prefill: which chunks, from where --------------------------------------------------
     def _schedule_prefill(self, budget: int) -> list[tuple[Sequence, int, int]]:

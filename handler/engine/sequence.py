@@ -16,11 +16,12 @@ from handler.engine.sampling import LogitControls, SamplingParams, TokenLogprob
 @dataclass(frozen=True)
 class Continuation:
     """Where a generation cut on another replica goes on: the tokens it had generated, how many
-    characters of their text its client holds (what follows is sent), and its sampling
-    generator's state after them (None: greedy)."""
+    characters of their text its client holds (what follows is sent), its sampling generator's
+    state after them (None: greedy), and which of its request's samples it is."""
     output_ids: tuple[int, ...]
     sent_chars: int
     rng_state: bytes | None = None
+    index: int = 0
 
 
 @dataclass
@@ -84,7 +85,7 @@ class StepOutput:
 
 def continuation(seq: Sequence) -> Continuation:
     state = None if seq.generator is None else seq.generator.get_state().numpy().tobytes()
-    return Continuation(tuple(seq.output_ids), seq.emitted_chars, state)
+    return Continuation(tuple(seq.output_ids), seq.emitted_chars, state, seq.index)
 
 
 def restore(seq: Sequence, at: Continuation, decode: Callable[[list[int]], str]) -> None:

@@ -19,12 +19,23 @@ import torch
 from handler.engine.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from handler.resume.ids import KEY_PATTERN
 
-VERSION = 1
+VERSION = 2  # 2: a record per sample (n > 1), and the request's tools
 APIS = ("native", "completions", "chat")
+FINISH_REASONS = ("stop", "length", "tool_calls")
+TOOLS_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}  # the request's, as it sent them
 
 
 class RecordError(ValueError):
     """A stored record that is not one this server writes: refused, never used."""
+
+
+@dataclass(frozen=True)
+class RecordedSample:
+    """One of the stream's samples at the cut."""
+    output_ids: tuple[int, ...]  # every token it generated before the cut
+    sent: int  # its point through the cut's final event (handler.resume.ids): characters sent, +1 once its end was
+    rng_state: bytes | None = None  # its sampling generator's state at the cut (None: greedy, or finished)
+    finish_reason: str | None = None  # what its end said, when it had finished before the cut
 
 
 @dataclass(frozen=True)
@@ -34,16 +45,19 @@ class ResumeRecord:
     api: str  # the route it streamed on: a resume must come to the same one
     cut_at: float  # unix time of the cut: the record's age counts from it
     prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]  # every token generated before the cut
-    sent_chars: int  # characters of the answer sent to the client, through the cut's final event
+    samples: tuple[RecordedSample, ...]  # OpenAI's n of them, in index order
     params: SamplingParams
     include_usage: bool = False  # OpenAI stream_options.include_usage
-    rng_state: bytes | None = None  # the sampling generator's state at the cut (None: greedy)
+    tools: dict | None = None  # the chat request's TOOLS_FIELDS, when it had tools
 
     def encode(self) -> bytes:
         body = asdict(self) | {"version": VERSION, "params": asdict(self.params),
-                               "rng_state": None if self.rng_state is None else base64.b64encode(self.rng_state).decode()}
+                               "samples": [asdict(s) | {"rng_state": _b64(s.rng_state)} for s in self.samples]}
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _b64(state: bytes | None) -> str | None:
+    return None if state is None else base64.b64encode(state).decode()
 
 
 def decode(data: bytes, vocab_size: int) -> ResumeRecord:
@@ -52,19 +66,35 @@ def decode(data: bytes, vocab_size: int) -> ResumeRecord:
         body = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"not JSON ({err})") from err
-    expected = {f.name for f in fields(ResumeRecord)} | {"version"}
-    if not isinstance(body, dict) or set(body) != expected:
-        got = sorted(body) if isinstance(body, dict) else type(body).__name__
-        raise RecordError(f"fields {got}, expected {sorted(expected)}")
+    _fields(body, {f.name for f in fields(ResumeRecord)} | {"version"}, "")
     if body["version"] != VERSION:
         raise RecordError(f"version {body['version']!r}, this server reads {VERSION}")
     params = _params(body["params"], vocab_size)
+    if not isinstance(body["samples"], list) or not body["samples"]:
+        raise RecordError("samples must be a non-empty list")
+    samples = tuple(_sample(s, params, vocab_size) for s in body["samples"])
     record = ResumeRecord(_text(body, "key"), _text(body, "model"), _text(body, "api"), _number(body["cut_at"], "cut_at"),
-                          _tokens(body["prompt_ids"], "prompt_ids", vocab_size),
-                          _tokens(body["output_ids"], "output_ids", vocab_size), _count(body["sent_chars"], "sent_chars"),
-                          params, _flag(body["include_usage"], "include_usage"), _rng_state(body["rng_state"], params))
+                          _tokens(body["prompt_ids"], "prompt_ids", vocab_size), samples, params,
+                          _flag(body["include_usage"], "include_usage"), _tools(body["tools"]))
     _check(record)
     return record
+
+
+def _fields(body: Any, expected: set[str], where: str) -> None:
+    if not isinstance(body, dict) or set(body) != expected:
+        got = sorted(body) if isinstance(body, dict) else type(body).__name__
+        raise RecordError(f"{where}fields {got}, expected {sorted(expected)}")
+
+
+def _sample(body: Any, params: SamplingParams, vocab_size: int) -> RecordedSample:
+    _fields(body, {f.name for f in fields(RecordedSample)}, "a sample's ")
+    finish = body["finish_reason"]
+    if finish is not None and finish not in FINISH_REASONS:
+        raise RecordError(f"a sample's finish_reason {finish!r}, not one of {FINISH_REASONS}")
+    state = None if body["rng_state"] is None else _rng_state(body["rng_state"])
+    if finish is None and state is None and not params.greedy:
+        raise RecordError("rng_state is missing for a sampled (not greedy) request")
+    return RecordedSample(_tokens(body["output_ids"], "output_ids", vocab_size), _count(body["sent"], "sent"), state, finish)
 
 
 def _check(r: ResumeRecord) -> None:
@@ -74,8 +104,13 @@ def _check(r: ResumeRecord) -> None:
         raise RecordError(f"api {r.api!r}, not one of {APIS}")
     if not r.prompt_ids:
         raise RecordError("prompt_ids is empty")
-    if len(r.output_ids) >= r.params.max_new_tokens:
-        raise RecordError(f"{len(r.output_ids)} tokens generated of max_new_tokens {r.params.max_new_tokens}: it had finished")
+    running = [s for s in r.samples if s.finish_reason is None]
+    if not running:
+        raise RecordError("every sample had finished: nothing was cut")
+    if any(len(s.output_ids) >= r.params.max_new_tokens for s in running):
+        raise RecordError(f"a running sample generated max_new_tokens {r.params.max_new_tokens}: it had finished")
+    if r.tools is not None and r.api != "chat":
+        raise RecordError("tools on a route other than chat")
 
 
 # ---- field checks: each raises RecordError naming the field
@@ -162,11 +197,7 @@ def rng_state_size() -> int:
     return int(torch.Generator().get_state().numel())
 
 
-def _rng_state(value: Any, params: SamplingParams) -> bytes | None:
-    if value is None:
-        if not params.greedy:
-            raise RecordError("rng_state is missing for a sampled (not greedy) request")
-        return None
+def _rng_state(value: Any) -> bytes:
     try:
         state = base64.b64decode(value, validate=True) if isinstance(value, str) else b""
     except binascii.Error as err:
@@ -174,3 +205,10 @@ def _rng_state(value: Any, params: SamplingParams) -> bytes | None:
     if len(state) != rng_state_size():
         raise RecordError(f"rng_state must be {rng_state_size()} bytes of base64, got {len(state)}")
     return state
+
+
+def _tools(value: Any) -> dict | None:
+    """As the request sent them; handler.serving parses them as it parses a request's."""
+    if value is not None and (not isinstance(value, dict) or not set(value) <= TOOLS_FIELDS or "tools" not in value):
+        raise RecordError(f"tools must be null or an object of {sorted(TOOLS_FIELDS)} with `tools`")
+    return value

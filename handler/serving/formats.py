@@ -141,12 +141,13 @@ class Formatter:
             return json.dumps(body | {"resume": resume_id}) + "\n"
         return f"retry: {RETRY_MS}\nid: {resume_id}\ndata: {json.dumps(body)}\n\n"
 
-    def resumed(self, chars: int) -> None:
-        """A resumed stream's: its client holds `chars` characters of the one choice (and the
-        chat role, once any event carried text)."""
-        if chars:
-            self._sent_role.add(0)
-        self._text_offset[0] = chars
+    def resumed(self, points: Sequence[int]) -> None:
+        """A resumed stream's: its client holds points[i] characters of choice i (and its chat
+        role, once any of its events was sent: handler.resume.ids)."""
+        for index, point in enumerate(points):
+            if point:
+                self._sent_role.add(index)
+            self._text_offset[index] = point
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob] | None, index: int = 0) -> dict | None:
         """OpenAI's shapes: completions' parallel lists (top_logprobs null per token when k is 0),

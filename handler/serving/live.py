@@ -39,7 +39,8 @@ class Sample:
     logprobs_sent: int = 0  # how many of them streamed pieces carried
     tools: ToolStream | None = None  # splits content from tool calls, when the request has tools
     tool_calls: list[ToolCall] = field(default_factory=list)  # once finished
-    chars: int = 0  # of its text in pieces built so far (a resumed one's: from the client's resume point)
+    token_ids: list[int] = field(default_factory=list)  # generated: a finished sample's record at a cut
+    chars: int = 0  # of the model's text in pieces built so far (with tools: what the parser was fed)
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,13 @@ class Piece:
     last: bool  # every sample has finished: this piece ends the stream
     tool_calls: tuple[ToolCall, ...] = ()  # a finished sample's, whole
     logprobs: tuple[TokenLogprob, ...] | None = None  # the tokens' since the sample's previous piece, when asked
-    chars: int = 0  # of the sample's text once this piece is out: a resumable stream's resume point
+    point: int = 0  # the sample's once this piece is out (handler.resume.ids.sample_point): in event ids
 
 
 @dataclass
 class Live:
     req: GenerationRequest
-    sample_params: list[SamplingParams]  # each sample's (GenerationRequest.sample_params)
+    sample_params: list[SamplingParams]  # of each sample the engine runs (GenerationRequest.sample_params; resumed: `resume`'s)
     http: bool
     arrived: float
     samples: list[Sample]
@@ -70,7 +71,8 @@ class Live:
     opened: bool = False  # a chunked HTTP response has started
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
     key: str | None = None  # a resumable stream's (handler.resume.ids): its events carry ids
-    resume: Continuation | None = None  # a resumed stream's starting point, for the engine
+    points: list[int] = field(default_factory=list)  # a resumable stream's: each sample's, as of the pieces sent
+    resume: list[Continuation] | None = None  # a resumed stream's running samples, where the engine takes them on
     resume_id: str | None = None  # once cut: where its record says to resume (the last event's id)
 
     @property

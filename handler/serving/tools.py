@@ -44,6 +44,13 @@ class ToolSpec:
         """The output is the JSON of TOOL_CALLS_SCHEMA's shape (or a generic response), under the grammar."""
         return self.choice != "auto" or self.format == "generic"
 
+    def request_fields(self) -> dict:
+        """The request's fields that parse_tools reads back into this spec (a resume record's)."""
+        choice = self.choice if self.choice in CHOICES else {"type": "function", "function": {"name": self.choice}}
+        tools = [{"type": "function", "function": {"name": f.name, "description": f.description, "parameters": f.parameters}}
+                 for f in self.functions]
+        return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": self.parallel}
+
     def template_tools(self) -> list[dict] | None:
         """What the template's `tools` gets: OpenAI's tool objects (None for a generic template)."""
         if self.format == "generic":

@@ -18,14 +18,14 @@ PENALIZED = SamplingParams(max_new_tokens=12, temperature=0.7, seed=5, frequency
 def _run(engine, params, cut_at=None, resume=None):
     """(tokens, text, continuation at the cut); cut_at: cancel once this many tokens were generated."""
     ids = engine.tokenizer.encode(PROMPT)
-    engine.add_samples("r", ids, [params], resume=resume)
+    engine.add_samples("r", ids, [params], resume=None if resume is None else [resume])
     tokens, text = [], ""
     while engine.running:
         for out in engine.step():
             tokens += out.token_ids
             text += out.text
         if cut_at is not None and len(tokens) >= cut_at and engine.running:
-            cut = engine.continuation("r")
+            [cut] = engine.continuations("r")
             engine.cancel("r")
             return tokens, text, cut
     return tokens, text, None

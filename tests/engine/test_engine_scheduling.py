@@ -10,6 +10,7 @@ import pytest
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.sampling import SamplingParams
 from handler.engine.sequence import StepOutput
+from tests.support.generate import generate
 from tests.support.tiny_model import CharTokenizer, counting_engine
 
 TOK = CharTokenizer()
@@ -28,7 +29,7 @@ def run_to_end(engine: Engine) -> list[StepOutput]:
 
 def test_greedy_output_follows_the_counting_steps():
     engine, _ = counting_engine()
-    assert TOK.decode(engine.generate([TOK.encode("abc")], [greedy(4)])[0]) == "defg"
+    assert TOK.decode(generate(engine, [TOK.encode("abc")], [greedy(4)])[0]) == "defg"
 
 
 def test_add_takes_a_free_slot():
@@ -157,7 +158,7 @@ def test_held_back_text_is_released_when_the_stop_string_does_not_follow():
 def test_generate_runs_more_prompts_than_slots():
     engine, steps = counting_engine(slots=2)
     prompts = [TOK.encode(p) for p in ("a", "h", "p")]
-    outputs = engine.generate(prompts, [greedy(3)] * 3)
+    outputs = generate(engine, prompts, [greedy(3)] * 3)
     assert [TOK.decode(o) for o in outputs] == ["bcd", "ijk", "qrs"]
     assert max(batch for _, batch, _ in steps.calls) == 2
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from handler.engine.sampling import LogitControls, SamplingParams
+from tests.support.generate import generate
 
 END = frozenset({0})
 
@@ -77,9 +78,9 @@ def test_penalized_greedy_equals_the_reference_loop(engine, reference, freq, pre
     ids = engine.tokenizer.encode(PROMPT)
     params = SamplingParams(max_new_tokens=32, ignore_eos=True, frequency_penalty=freq, presence_penalty=pres,
                             repetition_penalty=rep)
-    ours = engine.generate([ids], [params])[0]
+    ours = generate(engine, [ids], [params])[0]
     assert ours == _reference_greedy(reference, ids, 32, freq, pres, rep, engine.tokenizer.eos_ids)
-    assert ours != engine.generate([ids], [SamplingParams(max_new_tokens=32, ignore_eos=True)])[0]
+    assert ours != generate(engine, [ids], [SamplingParams(max_new_tokens=32, ignore_eos=True)])[0]
 
 
 def test_one_requests_controls_leave_the_other_rows_alone(engine):
@@ -87,22 +88,22 @@ def test_one_requests_controls_leave_the_other_rows_alone(engine):
     plain = SamplingParams(max_new_tokens=12, ignore_eos=True)
     heavy = SamplingParams(max_new_tokens=12, ignore_eos=True, frequency_penalty=2.0, repetition_penalty=2.0,
                            logit_bias=((42, 100.0),))
-    together = engine.generate([ids, ids, ids], [plain, heavy, plain])
-    assert together[0] == together[2] == engine.generate([ids], [plain])[0]
+    together = generate(engine, [ids, ids, ids], [plain, heavy, plain])
+    assert together[0] == together[2] == generate(engine, [ids], [plain])[0]
     assert together[1][0] == 42
 
 
 def test_stop_token_id_ends_the_sequence_before_it(engine):
     ids = engine.tokenizer.encode(PROMPT)
-    free = engine.generate([ids], [SamplingParams(max_new_tokens=12, ignore_eos=True)])[0]
+    free = generate(engine, [ids], [SamplingParams(max_new_tokens=12, ignore_eos=True)])[0]
     stop = free[3]
-    cut = engine.generate([ids], [SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop,))])[0]
+    cut = generate(engine, [ids], [SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(stop,))])[0]
     assert cut == free[:free.index(stop)]
 
 
 def test_min_tokens_keeps_a_stop_token_from_ending_early(engine):
     ids = engine.tokenizer.encode(PROMPT)
-    free = engine.generate([ids], [SamplingParams(max_new_tokens=12, ignore_eos=True)])[0]
+    free = generate(engine, [ids], [SamplingParams(max_new_tokens=12, ignore_eos=True)])[0]
     params = SamplingParams(max_new_tokens=12, ignore_eos=True, stop_token_ids=(free[0],), min_tokens=4)
-    out = engine.generate([ids], [params])[0]
+    out = generate(engine, [ids], [params])[0]
     assert len(out) >= 4 and free[0] not in out[:4]

@@ -14,7 +14,7 @@ from handler.cache.s3 import S3Store
 from handler.cache.signing import ManifestSigner, ManifestVerifier, Signing
 from handler.engine.sampling import SamplingParams
 from handler.resume.ids import new_key
-from handler.resume.record import ResumeRecord
+from handler.resume.record import RecordedSample, ResumeRecord
 from handler.resume.records import (
     ExpiryPolicy,
     RecordExpired,
@@ -32,8 +32,8 @@ FLEET = Signing(ManifestSigner(FLEET_KEY), ManifestVerifier(FLEET_KEY.public_key
 
 
 def _record(key: str | None = None, cut_at: float | None = None) -> ResumeRecord:
-    return ResumeRecord(key or new_key(), "llm", "native", time.time() if cut_at is None else cut_at, (1, 2), (3,), 1,
-                        SamplingParams(max_new_tokens=8))
+    return ResumeRecord(key or new_key(), "llm", "native", time.time() if cut_at is None else cut_at, (1, 2),
+                        (RecordedSample((3,), 1),), SamplingParams(max_new_tokens=8))
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -92,7 +92,8 @@ def test_signed_records_verify_and_a_forged_one_is_refused(make_store):
     records.put(record)
     assert records.get(record.key, VOCAB) == record
     forger = Ed25519PrivateKey.generate()  # a bucket writer without the fleet's key
-    forged = json.loads(record.encode()) | {"output_ids": [7]}
+    forged = json.loads(record.encode())
+    forged["samples"][0]["output_ids"] = [7]
     records.store.write_record(record_name(record.key), ManifestSigner(forger).sign(json.dumps(forged).encode()))
     with pytest.raises(RecordRefused, match="signature does not verify"):
         records.get(record.key, VOCAB)

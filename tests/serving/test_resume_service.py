@@ -5,6 +5,7 @@ cannot be served is a clear 4xx."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -12,7 +13,9 @@ from handler.cache.local import LocalStore
 from handler.cache.signing import ManifestVerifier, Signing
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
+from handler.engine.sampling import SamplingParams
 from handler.resume.ids import new_key, parse_event_id, public_id
+from handler.resume.record import RecordedSample, ResumeRecord
 from handler.resume.records import ExpiryPolicy, ResumeRecords, record_name
 from handler.resume.seal import FleetKeySeal, SecretSeal
 from handler.serving.continuous_service import ContinuousService
@@ -79,7 +82,7 @@ def test_a_cut_sse_stream_resumes_with_last_event_id_and_joins_to_the_uninterrup
     assert final["retry"] == "1000" and error["resume"] == final["id"] and error["code"] == 503
     assert all("id" in e for e in events), "every event carries its resume point"
     point = parse_event_id(final["id"])
-    assert point.chars == len(sse_text(events)) and records.store.read_record(record_name(point.key)) is not None
+    assert point.points == (len(sse_text(events)),) and records.store.read_record(record_name(point.key)) is not None
 
     resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
                     [Incoming("r", SSE_BODY, True, path, last_event_id=final["id"])])["r"]
@@ -88,7 +91,7 @@ def test_a_cut_sse_stream_resumes_with_last_event_id_and_joins_to_the_uninterrup
     assert {json.loads(e["data"])["id"] for e in events + more if e["data"] != "[DONE]" and "choices" in e["data"]} \
         == {f"cmpl-{public_id(point.key)}"}, "one stream: the same envelope id on every replica"
     assert not any(point.key in e["data"] for e in events[:-1] + more), "the resume key is not in any body"
-    assert parse_event_id(more[-1]["id"]).chars == len(reference)
+    assert parse_event_id(more[-1]["id"]).points == (len(reference) + 1,), "its end was sent: one past its text"
 
 
 def test_a_cut_seeded_ndjson_stream_resumes_with_the_resume_field(engine, records):
@@ -145,3 +148,79 @@ def test_a_replica_that_cannot_sign_its_records_ends_cut_streams_as_before(engin
     error = json.loads(final)["error"]
     assert "resume" not in error and "retry on another replica" in error["message"]
     assert records.store.list_records("resume/") == []
+
+
+def choice_texts(events, n):
+    """Each choice's streamed text (completions), by index."""
+    texts = [""] * n
+    for e in events:
+        if e["data"] != "[DONE]" and "choices" in (data := json.loads(e["data"])):
+            for c in data["choices"]:
+                texts[c["index"]] += c["text"]
+    return texts
+
+
+def test_a_cut_stream_of_two_seeded_samples_resumes_each_where_its_client_stands(engine, records):
+    body = {"model": "llm", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 11, "n": 2,
+            "stream": True, "ignore_eos": True}
+    path = "v1/completions"
+    ref = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records), [Incoming("ref", body, True, path)])
+    reference = choice_texts(sse_events(r.body for r in ref["ref"]), 2)
+    assert reference[0] != reference[1]
+    events = sse_events(cut_after(engine, records, body, path))
+    point = parse_event_id(events[-1]["id"])
+    assert point.points == tuple(len(t) for t in choice_texts(events, 2)), "a point per sample"
+
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", {}, True, path, last_event_id=events[-1]["id"])])["r"]
+    more = sse_events(r.body for r in resumed)
+    assert [a + b for a, b in zip(choice_texts(events, 2), choice_texts(more, 2))] == reference
+
+
+def test_a_cut_constrained_tool_stream_resumes_to_the_same_call(engine, records):
+    """The generic format holds a tool answer whole (tool_calls.py): the client has nothing but the
+    cut's event, and the resumed stream's call is the one the uncut stream made."""
+    body = {"model": "llm", "messages": [{"role": "user", "content": "Time?"}], "max_tokens": 26,
+            "tools": [{"type": "function", "function": {"name": "now"}}],  # the engine's context is 128 tokens
+            "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0.8, "seed": 4, "stream": True}
+    path = "v1/chat/completions"
+
+    def calls(events):
+        return [(c["function"]["name"], c["function"]["arguments"]) for e in events
+                if e["data"] != "[DONE]" and "choices" in (data := json.loads(e["data"]))
+                for ch in data["choices"] for c in ch["delta"].get("tool_calls", [])]
+
+    ref = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records), [Incoming("ref", body, True, path)])
+    reference = calls(sse_events(r.body for r in ref["ref"]))
+    assert len(reference) == 1
+    events = sse_events(cut_after(engine, records, body, path))
+    assert calls(events) == []
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", {}, True, path, last_event_id=events[-1]["id"])])["r"]
+    more = sse_events(r.body for r in resumed)
+    assert calls(more) == reference
+    assert [json.loads(e["data"])["choices"][0]["finish_reason"] for e in more if "finish_reason" in e["data"]][-1] \
+        == "tool_calls"
+
+
+def test_a_sample_that_finished_before_the_cut_sends_only_what_its_client_missed(engine, records):
+    """Sample 0 had finished ("stop") and its client holds 3 of its characters; sample 1 was cut
+    running. The resume sends sample 0's rest and its end, and generates sample 1 on."""
+    tok = engine.tokenizer
+    finished, running = tok.encode(" red, blue and yellow."), tok.encode(" cyan")
+    text = tok.decode(finished)
+    key = new_key()
+    records.put(ResumeRecord(key, "llm", "completions", time.time(), tuple(tok.encode(SSE_BODY["prompt"])),
+                             (RecordedSample(tuple(finished), len(text) + 1, None, "stop"),
+                              RecordedSample(tuple(running), len(tok.decode(running)))),
+                             SamplingParams(max_new_tokens=8, ignore_eos=True)))
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", {}, True, "v1/completions", last_event_id=f"{key}.3.{len(tok.decode(running))}")])["r"]
+    events = sse_events(r.body for r in resumed)
+    first, rest = choice_texts(events, 2)
+    assert first == text[3:] and rest
+    ends = [(c["index"], c["finish_reason"]) for e in events if e["data"] != "[DONE]"
+            for c in json.loads(e["data"])["choices"] if c["finish_reason"]]
+    assert ends == [(0, "stop"), (1, "length")]
+    final = parse_event_id(events[-1]["id"]).points
+    assert final == (len(text) + 1, len(tok.decode(running)) + len(rest) + 1)

@@ -73,3 +73,21 @@ def test_llama3_stream_text_answer_flows_and_a_call_is_held():
 def test_constrained_stream_holds_everything_until_the_end():
     sent, (rest, calls) = _stream("generic", ['{"response": ', '"Noon."}'])
     assert sent == ["", ""] and (rest, calls) == ("Noon.", [])
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", 'Sure, <tool maybe. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'),
+    ("llama3_json", '<|python_tag|>{"name": "get_time", "parameters": {}}'),
+    ("llama3_json", "It is noon, <|python"),
+])
+def test_a_stream_fed_any_prefix_at_once_holds_what_it_held_fed_piece_by_piece(fmt, text):
+    """A resumed tool stream rebuilds its parser from the text up to the client's point in one
+    feed: what it lets out from there must be what the uncut stream let out."""
+    piecewise, (piecewise_rest, piecewise_calls) = _stream(fmt, list(text))
+    for at in range(len(text) + 1):
+        s = ToolStream(spec(fmt))
+        assert s.feed(text[:at]) == "".join(piecewise[:at]), at
+        assert "".join(s.feed(c) for c in text[at:]) == "".join(piecewise[at:]), at
+        rest, calls = s.finish()
+        assert rest == piecewise_rest
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in piecewise_calls]

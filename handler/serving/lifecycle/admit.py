@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from handler.engine.engine import Engine
 from handler.engine.grammar import GrammarError
-from handler.engine.sequence import Continuation
 from handler.resume.ids import ResumePoint
 from handler.serving.formats import error_body, model_body, model_list_body
 from handler.serving.lifecycle.resume import Resumption
@@ -49,21 +48,24 @@ class Admission:
 
     def _admit_resumed(self, inc: Incoming, point: ResumePoint) -> Reply | None:
         try:
-            req, at = self.resume.resumed(point, inc)
+            resumed = self.resume.resumed(point, inc)
         except RequestError as err:
             return self._refused("resume_refused", err.message, err.status)
-        self._add(inc, req, point.key, at)
+        req = resumed.req
+        params = [req.sample_params()[c.index] for c in resumed.running]
+        self.live[inc.request_id] = Live(req, params, inc.http, self.clock(), resumed.samples,
+                                         pending=resumed.pending, key=point.key, points=list(point.points),
+                                         resume=resumed.running)
         return None
 
     def _refused(self, reason: str, message: str, status: int) -> Reply:
         self.metrics.observe("ts_llm_request_failure_total", 1, reason)
         return Reply(error_body(message, status), status)
 
-    def _add(self, inc: Incoming, req: GenerationRequest, key: str | None, resume: Continuation | None = None) -> None:
+    def _add(self, inc: Incoming, req: GenerationRequest, key: str | None) -> None:
         samples = [Sample(tools=ToolStream(req.tools) if req.tools else None) for _ in range(req.n)]
-        if resume is not None:  # its client holds the text up to its resume point
-            samples[0].chars = resume.sent_chars
-        self.live[inc.request_id] = Live(req, req.sample_params(), inc.http, self.clock(), samples, key=key, resume=resume)
+        self.live[inc.request_id] = Live(req, req.sample_params(), inc.http, self.clock(), samples, key=key,
+                                         points=[0] * req.n)
 
     def _models_reply(self, model: str) -> Reply:
         served = self.limits.served_model_name

@@ -37,12 +37,12 @@ class Ending:
         cut = []
         for request_id, live in self.live.items():
             if live.finish_reason is None:
-                at = self.engine.continuation(request_id) if self.resume.wants_record(live) else None
+                record = self.resume.wants_record(live)
+                if record:  # a resumed stream not yet started goes on where its own record said
+                    cut.append((live, self.engine.continuations(request_id) if live.started else list(live.resume or [])))
                 self.engine.cancel(request_id)
                 live.finish_reason = "cut"
-                if at is not None:
-                    cut.append((live, at))
-                else:
+                if not record:
                     self.metrics.observe("ts_llm_request_failure_total", 1, "cut_by_shutdown")
         if cut:
             self.resume.record_cut(cut)

@@ -95,8 +95,16 @@ class Replies:
         """The pending pieces, formatted in order (a formatter counts what it has sent), and gone."""
         pieces, live.pending, fmt = live.pending, [], self._format(live)
         return "".join(fmt.chunk(p.text, p.finish_reason, live.usage, logprobs=p.logprobs, index=p.index, last=p.last,
-                                 tool_calls=p.tool_calls, event_id=event_id(live.key, p.chars) if live.key else None)
+                                 tool_calls=p.tool_calls, event_id=self._event_id(live, p.index, p.point))
                        for p in pieces)
+
+    @staticmethod
+    def _event_id(live: Live, index: int, point: int) -> str | None:
+        """A resumable stream's event id once sample `index` reached `point`: every sample's point."""
+        if live.key is None:
+            return None
+        live.points[index] = point
+        return event_id(live.key, live.points)
 
     def _format(self, live: Live) -> Formatter:
         """The request's formatter, made at its first reply."""
@@ -104,6 +112,6 @@ class Replies:
             live.fmt = Formatter(live.req.api, self.model, live.req.include_usage, token_text=self.token_text)
             if live.key is not None:  # the same id on every replica, and not the key: whoever logs ids cannot resume
                 live.fmt.id = public_id(live.key)
-            if live.resume is not None:  # its client holds the text up to its resume point
-                live.fmt.resumed(live.resume.sent_chars)
+            if live.resume is not None:  # its client holds each sample's text up to its resume point
+                live.fmt.resumed(live.points)
         return live.fmt

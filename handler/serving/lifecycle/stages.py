@@ -28,7 +28,7 @@ class Stages:
                  records: ResumeRecords | None = None):
         self.engine, self.clock, self.cutting = engine, clock, cutting
         self.live: dict[str, Live] = {}
-        resume = Resumption(records, limits, metrics)
+        resume = Resumption(records, limits, metrics, engine.tokenizer.decode)
         self.admission = Admission(engine, limits, metrics, self.live, resume, clock, draining, cutting)
         self.starts = Starts(engine, metrics, self.live)
         self.steps = Steps(engine, metrics, self.live, clock)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from handler.engine.engine import Engine
 from handler.engine.sampling import TokenLogprob
 from handler.engine.sequence import StepOutput
+from handler.resume.ids import sample_point
 from handler.serving.live import Live, Piece, Sample
 from handler.serving.metrics import MetricSink
 
@@ -38,7 +39,8 @@ class Steps:
         sample = live.samples[out.index]
         text = _content(sample, out)
         sample.text.append(text)
-        sample.chars += len(text)
+        sample.chars += len(out.text)
+        sample.token_ids.extend(out.token_ids)
         sample.completion_tokens = out.completion_tokens
         sample.logprobs.extend(out.logprobs)
         if out.finished:
@@ -48,7 +50,8 @@ class Steps:
                 self._finished_metrics(live, now)
         if live.req.stream and (text or out.finished):
             live.pending.append(Piece(out.index, text, sample.finish_reason, live.finish_reason is not None,
-                                      tuple(sample.tool_calls), _unsent_logprobs(live, sample), sample.chars))
+                                      tuple(sample.tool_calls), _unsent_logprobs(live, sample),
+                                      sample_point(sample.chars, sample.finish_reason is not None)))
 
     def _finished_metrics(self, live: Live, now: float) -> None:
         self.metrics.observe("ts_llm_e2e_request_latency_seconds", now - live.arrived)
