@@ -42,7 +42,8 @@ from handler.torchserve.launch import TorchServe
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
 NOTICED = "r0"
-LONG_STREAMS = 36  # sent to the noticed replica: at least 32 cut
+# sent to the noticed replica, 44 of its 64 slots (n = 2 takes two): at least 32 cut
+LONG_STREAMS = {"native": 28, "n2": 4, "tools": 4, "non_streaming": 4}
 # Each replica's slots: the long streams beside the clients' requests, all running when the notice
 # comes (a stream still queued in TorchServe is refused, not cut), and on the survivor once resumed.
 LB_BATCH_SIZE = 64

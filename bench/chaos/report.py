@@ -288,6 +288,11 @@ def markdown(r: dict[str, Any]) -> str:
     lb, rs = r["lb"], r["resume"]
     lb_errors = "\n".join(f"- `{_one_line(e)}`" for e in lb["error_samples"]) or "- none"
     setup = "; ".join(f"{k}: {v}" for k, v in r["setup"].items())
+    kinds = "\n".join(f"| `{kind}` | {k['streams']} | {k['cut']} | **{k['resumed']}** | {k['finished_uncut']} | "
+                      f"**{k['fresh_replica_token_mismatch']}** | **{k['failures']}** |"
+                      for kind, k in [*rs["kinds"].items(), ("all", rs)])
+    failures = "\n".join(f"- `{kind}`: {_one_line(e)}" for kind, k in rs["kinds"].items() for e in k["error_samples"])
+    failures = f"Why the ones that did not finish did not:\n\n{failures}" if failures else "Every one finished."
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
 
 One command, about four minutes on a 2-core CPU machine:
@@ -399,24 +404,25 @@ Errors the clients saw:
 
 {lb_errors}
 
-**Resumable streams.** Beside that load, {rs['streams']} greedy streams of {rs['tokens_each']} tokens
-went to r0 3 s before the notice, long enough to outlive it; both replicas write the
-records of cut streams to one store (`resume_store`). A cut stream's client reconnects through
-HAProxy with the id its final line names (`{{"resume": id}}`), as the final event tells it to, and is
-counted as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`).
-Each stream has its own prompt. Each finished stream's joined text is compared with the same
-request run uncut on a freshly started replica (r2), all of them at once: the engine's answers do
-not depend on what else is batched with them (docs/benchmarks.md, "Batch invariance"), which is
-the default, so there is no other mode to compare.
+**Resumable streams.** Beside that load, {rs['streams']} long requests of {rs['tokens_each']} tokens, each
+its own prompt, went to r0 3 s before the notice, long enough to outlive it; both replicas write
+the records of cut streams to one store (`resume_store`). Four kinds: `native` greedy NDJSON
+streams, `n2` seeded SSE completions with n = 2, `tools` greedy SSE chat completions with a tool
+(the default model's generic format holds the answer whole until its end), and `non_streaming`
+greedy completions. A cut stream's client reconnects through HAProxy with the id its final line or
+event names (`{{"resume": id}}`, or `Last-Event-ID`), as the final event tells it to, and is counted
+as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`). Each
+finished answer (every choice's text and the tool calls, joined) is compared with the same request
+run uncut on a freshly started replica (r2), all of them at once: the engine's answers do not
+depend on what else is batched with them (docs/benchmarks.md, "Batch invariance"), which is the
+default, so there is no other mode to compare.
 
-| | |
-| --- | --- |
-| cut by r0's drain (a record written, a resume id sent) | {rs['cut']} |
-| **resumed to the end on the survivor** | **{rs['resumed']}** |
-| finished uncut (on the survivor from the start) | {rs['finished_uncut']} |
-| **joined text different from the request uncut on a fresh replica** | \
-**{rs['fresh_replica_token_mismatch']}** (of the cut ones: {rs['cut_token_mismatch']}) |
-| did not finish | {rs['failed']} {"(" + "; ".join(rs['error_samples']) + ")" if rs['error_samples'] else ""} |
+| kind | requests | cut (a record written, a resume id sent) | **resumed to the end** | finished uncut | \
+**answer different from the fresh replica's** | **did not finish** |
+| --- | --- | --- | --- | --- | --- | --- |
+{kinds}
+
+{failures}
 
 **The resume capability** (records sealed with the fleet's resume secret, as the deployment has
 them; `bench/chaos/security.py`): a cut stream's record edited in the shared store (a token id

@@ -17,14 +17,14 @@ RECORDS = "resume"  # handler.resume.records: <store>/resume/<key>.json
 
 
 def edited_record_accepted(store: Path, url: str) -> dict[str, object]:
-    """Edit the first record's first generated token, then resume its stream from the start."""
-    records = sorted((store / RECORDS).glob("*.json"))
-    if not records:
-        return {"checked": False, "why": "no record in the store: nothing was cut"}
-    path = records[0]
-    seal, _, body = path.read_bytes().partition(b"\n")
-    record = json.loads(body)
-    record["output_ids"][0] = record["output_ids"][0] + 1 if record["output_ids"][0] < 100 else 1
+    """Edit the first native stream's record's first generated token, then resume its stream from the start."""
+    records = [(path, *path.read_bytes().partition(b"\n")[::2]) for path in sorted((store / RECORDS).glob("*.json"))]
+    native = [(path, seal, json.loads(body)) for path, seal, body in records if b'"api":"native"' in body]
+    if not native:
+        return {"checked": False, "why": "no native stream's record in the store: none was cut"}
+    path, seal, record = native[0]
+    ids = record["samples"][0]["output_ids"]
+    ids[0] = ids[0] + 1 if ids[0] < 100 else 1
     path.write_bytes(seal + b"\n" + json.dumps(record, separators=(",", ":")).encode())
     with requests.post(url, json={"resume": f"{path.stem}.0"}, stream=True, timeout=(5.0, 120.0)) as response:
         text = response.text
@@ -43,7 +43,7 @@ def resume_token_in_public_id(url: str) -> dict[str, object]:
         for raw in response.iter_lines():
             line = raw.decode()
             if line.startswith("id: "):
-                keys.add(line[4:].rsplit(".", 1)[0])
+                keys.add(line[4:].split(".", 1)[0])
             elif line.startswith("data: {"):
                 public.add(json.loads(line[6:])["id"])
     if not keys:

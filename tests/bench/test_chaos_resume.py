@@ -1,32 +1,46 @@
-"""bench.chaos's long streams: each joined answer against its own request's uncut reference."""
+"""bench.chaos's long streams: each joined answer against its own request's uncut reference, per kind."""
 from __future__ import annotations
 
 from bench.chaos.report import security_summary
-from bench.chaos.resume import LongStream, prompts, summary
+from bench.chaos.resume import LongStream, kinds, summary
 
 
-def stream(prompt: str, text: str, cut: bool = False, finished: bool = True) -> LongStream:
-    return LongStream(prompt, text, cut=cut, resumed=cut and finished, finished=finished)
+def stream(kind: str, prompt: str, *texts: str, cut: bool = False, finished: bool = True) -> LongStream:
+    return LongStream(kind, prompt, dict(enumerate(texts)), cut=cut, resumed=cut and finished, finished=finished)
 
 
 def test_each_stream_is_compared_with_its_own_prompts_reference():
-    a, b = prompts(2)
-    expected = {a: "one two three", b: "four five six"}
-    streams = [stream(a, "one two three", cut=True), stream(b, "four five SIX", cut=True), stream(a, "one two three")]
+    (_, a), (_, b) = kinds({"native": 2})
+    expected = {a: stream("native", a, "one two three").answer, b: stream("native", b, "four five six").answer}
+    streams = [stream("native", a, "one two three", cut=True), stream("native", b, "four five SIX", cut=True),
+               stream("native", a, "one two three")]
     result = summary(streams, expected)
     assert result["fresh_replica_token_mismatch"] == 1 and result["cut_token_mismatch"] == 1
     assert result["first_difference_at_chars"] == [10]
     assert result["cut"] == 2 and result["resumed"] == 2 and result["finished_uncut"] == 1
 
 
-def test_a_stream_that_did_not_finish_is_a_failure_not_a_mismatch():
-    [a] = prompts(1)
-    result = summary([stream(a, "one", cut=True, finished=False)], {a: "one two"})
-    assert result["failed"] == 1 and result["fresh_replica_token_mismatch"] == 0
+def test_every_choice_and_tool_call_is_part_of_the_answer():
+    [(_, a)] = kinds({"n2": 1})
+    expected = {a: stream("n2", a, "left", "right").answer}
+    result = summary([stream("n2", a, "left", "wrong", cut=True)], expected)
+    assert result["kinds"]["n2"]["fresh_replica_token_mismatch"] == 1
+    called = stream("tools", a, "")
+    called.calls.append(("get_weather", '{"city": "Oslo"}'))
+    assert called.answer != stream("tools", a, "").answer
+
+
+def test_a_stream_that_did_not_finish_is_a_failure_of_its_kind_not_a_mismatch():
+    [(_, a), (_, b)] = kinds({"native": 1, "non_streaming": 1})
+    streams = [stream("native", a, "one", cut=True), stream("non_streaming", b, "", finished=False)]
+    result = summary(streams, {a: stream("native", a, "one").answer, b: "x"})
+    assert result["failures"] == 1 and result["fresh_replica_token_mismatch"] == 0
+    assert result["kinds"]["non_streaming"]["failures"] == 1 and result["kinds"]["native"]["failures"] == 0
 
 
 def test_the_long_streams_prompts_differ():
-    assert len(set(prompts(80))) == 80
+    prompts = [p for _, p in kinds({"native": 40, "n2": 20, "tools": 20})]
+    assert len(set(prompts)) == 80
 
 
 def test_an_unchecked_edit_is_reported_as_unchecked_not_refused():
