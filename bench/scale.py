@@ -37,6 +37,7 @@ from pathlib import Path
 from bench import peer, peer_llamacpp as llamacpp, peer_models
 from bench.common import RESULTS, versions, write_json, write_section
 from bench.load import Record, run_load, summarize
+from handler.engine.config import EngineConfig
 from handler.engine.tokenizer import Tokenizer
 from handler.packing.model_config import ServingOptions
 
@@ -68,10 +69,16 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's -t/-tb; build jobs")
+    p.add_argument("--activations", choices=["fine", "int8"], default=EngineConfig.activations,
+                   help="ours' (handler activations); int8 rounds x as llama.cpp's Q8 activations do. Not the "
+                        "default: its results are scale_<model>_int8.json, its keys suffixed _<model>_int8")
     args = p.parse_args(argv)
-    args.out = f"scale_{args.model}"
+    # the keys' suffix: the model, and the activations when they are not the default
+    args.key = args.model if args.activations == EngineConfig.activations else f"{args.model}_{args.activations}"
+    args.out = f"scale_{args.key}"
     # what bench.peer's servers read
-    args.batching, args.handler_set, args.systems = "continuous", [f"kv_tokens={args.ctx}"], list(peer.SYSTEMS)
+    args.batching, args.systems = "continuous", list(peer.SYSTEMS)
+    args.handler_set = [f"kv_tokens={args.ctx}", f"activations={args.activations}"]
     args.max_batch_delay_ms, args.kv_unified = ServingOptions.max_batch_delay_ms, True
     return args
 
@@ -162,7 +169,7 @@ def ratio(a, b):
 def targets(runs: dict, start: dict, args) -> dict:
     """The issue's keys for this model (suffix `_<model>`): each from the first type's pair, the
     tokens/s ratio from each side's faster type."""
-    m, first = args.model, runs[args.types[0]]
+    m, first = args.key, runs[args.types[0]]
     ours, theirs = first["ours"], first["llama.cpp"]
     out: dict = {}
     if "throughput" in args.parts:
@@ -232,7 +239,8 @@ def main() -> None:
                  "warm": restart(functools.partial(peer.ours_server, "int4", checkpoint, ggufs[first],
                                                    with_cache(args, Path(tmp), first), Path(tmp),
                                                    name=f"-{first}-restart"))}
-    result = {"model": model.name, "out": args.model, "ggufs": {k: v.name for k, v in ggufs.items()}, "versions": versions(),
+    result = {"model": model.name, "out": args.key, "activations": args.activations,
+              "ggufs": {k: v.name for k, v in ggufs.items()}, "versions": versions(),
               "batch_size": args.batch_size, "kv_budget_tokens": args.ctx, "max_seq_len": args.max_seq_len,
               "parts": args.parts, "long_tokens": args.long_tokens,
               "mixed": {k: getattr(args, f"mixed_{k}") for k in ("streams", "output", "prompt", "arrivals", "every_s")},

@@ -44,3 +44,12 @@ def test_a_long_prompt_refused_is_no_context_served():
     ours = _side({1024: 2.0, 4096: 9.0, 16000: None}, status=400)
     got = targets({"Q4_0": {"ours": ours, "llama.cpp": _side({1024: 4.0, 4096: 10.0, 16000: 40.0})}}, START, args)
     assert got["context_16k_served_1b"] is False and got["ttft_16k_ratio_1b"] is None
+
+
+def test_a_run_with_other_activations_keeps_its_own_keys_and_file():
+    args = parse_args(["--model", "8b", "--parts", "throughput", "--activations", "int8"])
+    runs = {"Q4_0": {"ours": _side({}), "llama.cpp": _side({})}}
+    got = targets(runs, START, args)
+    assert args.out == "scale_8b_int8" and "activations=int8" in args.handler_set
+    assert got["ratio_8b_int8_c1"] == 1.0 and "ratio_8b_c1" not in got
+    assert parse_args(["--model", "8b"]).out == "scale_8b"
