@@ -12,6 +12,7 @@ from handler.engine.sampling import TokenLogprob
 from handler.serving.tool_calls import ToolCall
 
 RETRY_MS = 1000  # SSE `retry:` of a cut stream's final event: how soon an EventSource reconnects
+SSE_KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: clients skip it; proxies see bytes
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ class Formatter:
             events.append("[DONE]")
         head = "" if event_id is None else f"id: {event_id}\n"
         return "".join(f"{head}data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+
+    def keepalive(self) -> str:
+        """What a stream that has nothing to send may send instead: an SSE comment (NDJSON has none)."""
+        return "" if self.api == "native" else SSE_KEEPALIVE
 
     def error_event(self, message: str, status: int = 500) -> str:
         """The last piece of a stream cut by a server fault or shutdown (its 200 was sent with the

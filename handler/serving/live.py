@@ -69,6 +69,7 @@ class Live:
     cached_tokens: int = 0  # of its prompt's, from the prefix cache (known at its first token)
     pending: list[Piece] = field(default_factory=list)  # streamed pieces not yet sent
     opened: bool = False  # a chunked HTTP response has started
+    sent_at: float | None = None  # when its stream last sent bytes (the reply stage's clock)
     finish_reason: str | None = None  # once every sample has finished (the first sample's), or "cut"
     key: str | None = None  # a resumable stream's (handler.resume.ids): its events carry ids
     points: list[int] = field(default_factory=list)  # a resumable stream's: each sample's, as of the pieces sent

@@ -243,3 +243,23 @@ def test_abandoned_requests_leave_the_engine_and_the_service(engine):
     service.handle([Incoming("a", req(n=20, stream=True), True), Incoming("b", req(n=20, stream=True), True)])
     service.abandon(["a"])
     assert set(service.stages.live) == {"b"} and engine.running == 1
+    service.abandon(["b"])  # the module's engine, empty for the next test
+
+
+def test_a_held_stream_sends_a_keep_alive_comment_after_15_s_of_silence(engine):
+    """A constrained tool answer is held whole until its end (tool_calls.py): without bytes, a
+    proxy's idle timeout would close the stream. Each call here takes 5 s on the service's clock."""
+    now = [0.0]
+    body = {"model": "llm", "messages": [{"role": "user", "content": "Time?"}], "max_tokens": 26, "stream": True,
+            "tools": [{"type": "function", "function": {"name": "now"}}], "tool_choice": "required",
+            "parallel_tool_calls": False, "temperature": 0}
+    service = ContinuousService(engine, LIMITS, RecordingSink(), clock=lambda: now[0])
+    replies = [service.handle([Incoming("t", body, True, "v1/chat/completions")])[0]]
+    while replies[-1].more:
+        now[0] += 5.0
+        replies += service.handle([Incoming("t", None, True, "v1/chat/completions")])
+    held = [r.body for r in replies[:-1]]
+    comments = [i for i, b in enumerate(held) if b]
+    assert comments and all(held[i] == ": keep-alive\n\n" for i in comments)
+    assert all(b - a == 3 for a, b in zip(comments, comments[1:])), "one comment each 15 s of silence"
+    assert '"tool_calls"' in replies[-1].body

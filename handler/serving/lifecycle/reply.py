@@ -20,13 +20,14 @@ from handler.serving.formats import Choice, Formatter, error_body
 from handler.serving.lifecycle.resume import RESUME_MESSAGE
 from handler.serving.live import Live, Reply
 
+KEEPALIVE_S = 15.0  # a stream that sent nothing this long sends an SSE comment: proxies close idle connections
 CUT_MESSAGE = ("this replica is shutting down and its drain time ran out: the generation was cut before it "
                "finished; retry on another replica")
 
 
 class Replies:
-    def __init__(self, live: dict[str, Live], model: str, token_text: Callable[[int], str]):
-        self.live, self.model, self.token_text = live, model, token_text
+    def __init__(self, live: dict[str, Live], model: str, token_text: Callable[[int], str], clock: Callable[[], float]):
+        self.live, self.model, self.token_text, self.clock = live, model, token_text, clock
 
     def next_piece(self, request_id: str) -> Reply:
         """Continuous mode's reply to one call: what the request's client has not been sent yet,
@@ -42,14 +43,25 @@ class Replies:
         if not live.req.stream:
             # A non-streaming HTTP client still rides the chunked response: empty pieces until the end.
             return Reply(self._whole(live) if done else "", content_type=ctype, more=not done)
-        return Reply(self._take_pieces(live), content_type=ctype, more=not done)
+        return Reply(self._stream_body(live), content_type=ctype, more=not done)
 
     def streamed(self, live: Live) -> Reply | None:
         """A running stream's pieces not yet sent, as one more=True reply (None when there are none)."""
         if not live.req.stream or live.finish_reason is not None or not live.pending:
             return None
         live.opened = True
-        return Reply(self._take_pieces(live), content_type=self._format(live).content_type(True), more=True)
+        return Reply(self._stream_body(live), content_type=self._format(live).content_type(True), more=True)
+
+    def _stream_body(self, live: Live) -> str:
+        """The pending pieces; with none, after KEEPALIVE_S of silence, a keep-alive comment: a
+        stream whose text is held (a tool call being written, a resumed one waiting for a slot)
+        may send nothing for minutes, and a proxy's idle timeout would close it."""
+        body, now = self._take_pieces(live), self.clock()
+        if not body and now - (live.sent_at or live.arrived) >= KEEPALIVE_S:
+            body = self._format(live).keepalive()
+        if body:
+            live.sent_at = now
+        return body
 
     def finish(self, request_id: str) -> Reply:
         """A finished (or cut) request's last reply; it leaves the table."""

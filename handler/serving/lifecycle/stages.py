@@ -32,5 +32,5 @@ class Stages:
         self.admission = Admission(engine, limits, metrics, self.live, resume, clock, draining, cutting)
         self.starts = Starts(engine, metrics, self.live)
         self.steps = Steps(engine, metrics, self.live, clock)
-        self.replies = Replies(self.live, limits.served_model_name, engine.tokenizer.token_text)
+        self.replies = Replies(self.live, limits.served_model_name, engine.tokenizer.token_text, clock)
         self.ending = Ending(engine, metrics, self.live, resume)
