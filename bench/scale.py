@@ -265,6 +265,8 @@ def summary() -> dict:
 
 
 SETTINGS = ("batch_size", "kv_budget_tokens", "max_seq_len")  # a result's numbers that are not targets
+ACTIVATIONS = {"fine": "the default: x to about 15 bits in the integer products",
+               "int8": "x rounded once to int8 per block of 32, as llama.cpp's Q8 activations are"}
 
 
 def plot(r: dict, path: Path) -> None:
@@ -360,7 +362,8 @@ def markdown(r: dict, argv: str) -> str:
         f"## The sizes users serve: {r['model']} (bench.scale)",
         "",
         f"`python -m bench.scale {argv}`: {r['model']}, int4 ({', '.join(r['ggufs'].values())}: ours and llama-server "
-        f"serve the same files), {r['batch_size']} slots sharing {r['kv_budget_tokens']} KV positions (ours `kv_tokens`, "
+        f"serve the same files), ours' activations `{r.get('activations', 'fine')}` ({ACTIVATIONS[r.get('activations', 'fine')]}), "
+        f"{r['batch_size']} slots sharing {r['kv_budget_tokens']} KV positions (ours `kv_tokens`, "
         f"llama-server `-c` with `--kv-unified`), ours' `max_seq_len` {r['max_seq_len']}; {r['versions']['machine']}, "
         f"{r['versions']['cpu_profile']}, {r['versions']['threads']} threads. Tokens/s: {THROUGHPUT[0][1]} requests at 1 "
         f"client, {THROUGHPUT[1][1]} at 16, {r.get('output_tokens', 32)} tokens each; the other parts on {first}."
