@@ -1,6 +1,7 @@
 """The request lifecycle of both batching modes, driven as TorchServe drives it, on the real engine."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -261,5 +262,5 @@ def test_a_held_stream_sends_a_keep_alive_comment_after_15_s_of_silence(engine):
     held = [r.body for r in replies[:-1]]
     comments = [i for i, b in enumerate(held) if b]
     assert comments and all(held[i] == ": keep-alive\n\n" for i in comments)
-    assert all(b - a == 3 for a, b in zip(comments, comments[1:])), "one comment each 15 s of silence"
+    assert all(b - a == 3 for a, b in itertools.pairwise(comments)), "one comment each 15 s of silence"
     assert '"tool_calls"' in replies[-1].body
