@@ -278,6 +278,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()).replace("`", "'")
 
 
+NON_STREAMING = ("A non-streaming request cannot resume in continuous batching: TorchServe 0.12 takes a whole response "
+                 "only in a request's first call, so its 200 went out with its first (empty) piece, and a cut one ends "
+                 "with an error body under that 200, which no balancer can retry (docs/operations.md, \"What resumes\").")
+
+
 def markdown(r: dict[str, Any]) -> str:
     wk, steps = r["worker_kill"], r["drain_steps"]
 
@@ -293,6 +298,8 @@ def markdown(r: dict[str, Any]) -> str:
                       for kind, k in [*rs["kinds"].items(), ("all", rs)])
     failures = "\n".join(f"- `{kind}`: {_one_line(e)}" for kind, k in rs["kinds"].items() for e in k["error_samples"])
     failures = f"Why the ones that did not finish did not:\n\n{failures}" if failures else "Every one finished."
+    if "non_streaming" in rs["kinds"]:
+        failures += "\n\n" + NON_STREAMING
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
 
 One command, about four minutes on a 2-core CPU machine:
