@@ -9,6 +9,7 @@ import torch
 
 from handler.engine.grammar import schema_text
 from handler.engine.sampling import SamplingParams
+from tests.support.generate import generate
 
 PROMPTS = [
     "The capital of France is",
@@ -26,7 +27,7 @@ def test_greedy_tokens_equal_transformers_greedy(engine, reference):
     n = 24
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode(prompt)
-        ours = engine.generate([ids], [_greedy(n)])[0]
+        ours = generate(engine, [ids], [_greedy(n)])[0]
         with torch.inference_mode():
             ref = reference.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
         ref = [t for t in ref if t not in engine.tokenizer.eos_ids][: len(ours)]
@@ -36,15 +37,15 @@ def test_greedy_tokens_equal_transformers_greedy(engine, reference):
 def test_ragged_batch_equals_each_prompt_alone(engine):
     prompt_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     assert len({len(p) for p in prompt_ids}) > 1, "prompts must differ in length"
-    together = engine.generate(prompt_ids, [_greedy(16)] * len(PROMPTS))
-    alone = [engine.generate([ids], [_greedy(16)])[0] for ids in prompt_ids]
+    together = generate(engine, prompt_ids, [_greedy(16)] * len(PROMPTS))
+    alone = [generate(engine, [ids], [_greedy(16)])[0] for ids in prompt_ids]
     assert together == alone
 
 
 def test_a_slot_freed_mid_batch_is_refilled_correctly(engine):
     """Continuous batching: a request joining while others decode gets the same tokens as alone."""
     a, b = (engine.tokenizer.encode(p) for p in PROMPTS[:2])
-    alone = engine.generate([b], [_greedy(12)])[0]
+    alone = generate(engine, [b], [_greedy(12)])[0]
     engine.add("a", a, _greedy(30))
     for _ in range(5):
         engine.step()
@@ -60,9 +61,9 @@ def test_a_slot_freed_mid_batch_is_refilled_correctly(engine):
 def test_fixed_seed_gives_the_same_sample_twice(engine):
     ids = engine.tokenizer.encode(PROMPTS[2])
     p = SamplingParams(max_new_tokens=20, temperature=0.9, top_k=50, top_p=0.95, seed=1234)
-    first, second = engine.generate([ids, ids], [p, p])
+    first, second = generate(engine, [ids, ids], [p, p])
     assert first == second
-    other = engine.generate([ids], [SamplingParams(max_new_tokens=20, temperature=0.9, top_k=50, top_p=0.95, seed=99)])[0]
+    other = generate(engine, [ids], [SamplingParams(max_new_tokens=20, temperature=0.9, top_k=50, top_p=0.95, seed=99)])[0]
     assert other != first, "a different seed should change a 20-token sample"
 
 
@@ -77,7 +78,7 @@ def test_max_new_tokens_ends_with_length(engine):
 
 def test_stop_string_truncates_and_finishes(engine):
     ids = engine.tokenizer.encode("Count: 1, 2, 3, 4, 5,")
-    full = engine.tokenizer.decode(engine.generate([ids], [_greedy(20)])[0])
+    full = engine.tokenizer.decode(generate(engine, [ids], [_greedy(20)])[0])
     stop = full.strip()[:2]  # a string the greedy continuation is known to contain
     engine.add("s", ids, SamplingParams(max_new_tokens=20, stop=(stop,)))
     text, last = "", None
@@ -92,7 +93,7 @@ def test_stop_string_truncates_and_finishes(engine):
 
 def test_chat_template_answers_a_question(engine):
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
-    text = engine.tokenizer.decode(engine.generate([ids], [_greedy(20)])[0])
+    text = engine.tokenizer.decode(generate(engine, [ids], [_greedy(20)])[0])
     assert "Paris" in text
 
 
@@ -144,7 +145,7 @@ def _person(seed: int | None = None) -> SamplingParams:
 
 def test_fifty_seeded_schema_requests_all_validate(engine):
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "Describe a person as JSON."}])
-    outputs = engine.generate([ids] * 50, [_person(seed) for seed in range(50)])
+    outputs = generate(engine, [ids] * 50, [_person(seed) for seed in range(50)])
     texts = [engine.tokenizer.decode(out) for out in outputs]
     for text in texts:
         jsonschema.validate(json.loads(text), PERSON)
@@ -154,8 +155,8 @@ def test_fifty_seeded_schema_requests_all_validate(engine):
 def test_constrained_and_free_requests_share_a_batch_as_if_alone(engine):
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
     params = [_person(), _greedy(12), _person(seed=3), SamplingParams(max_new_tokens=12, temperature=0.8, seed=1)]
-    together = engine.generate(prompts, params)
-    alone = [engine.generate([ids], [p])[0] for ids, p in zip(prompts, params)]
+    together = generate(engine, prompts, params)
+    alone = [generate(engine, [ids], [p])[0] for ids, p in zip(prompts, params)]
     assert together == alone
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from handler.engine.engine import Engine, EngineFull
 from handler.engine.sampling import SamplingParams
+from tests.support.generate import generate
 from tests.support.tiny_model import tiny_engine
 
 PROMPTS = ["hello", "abc", "thequickbrownfoxjumps", "z"]
@@ -25,12 +26,12 @@ def engine() -> Engine:
 
 
 def alone(engine: Engine, ids: list[int], n: int) -> list[int]:
-    return engine.generate([ids], [fixed_length(n)])[0]
+    return generate(engine, [ids], [fixed_length(n)])[0]
 
 
 def test_a_batch_of_different_lengths_decodes_as_each_sequence_alone(engine):
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
-    together = engine.generate(prompts, [fixed_length(16)] * len(prompts))
+    together = generate(engine, prompts, [fixed_length(16)] * len(prompts))
     assert together == [alone(engine, ids, 16) for ids in prompts]
 
 
@@ -60,7 +61,7 @@ def test_a_slot_freed_and_refilled_serves_the_new_sequence_as_alone(engine):
 def test_a_fixed_seed_gives_the_same_sample_twice(engine):
     ids = engine.tokenizer.encode(PROMPTS[0])
     params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=1234, ignore_eos=True)
-    first, second = engine.generate([ids, ids], [params, params])
+    first, second = generate(engine, [ids, ids], [params, params])
     assert first == second
 
 
@@ -78,7 +79,7 @@ def test_samples_of_one_prompt_are_prefilled_once_and_sample_as_alone():
     engine = tiny_engine(slots=4, max_seq_len=64)
     ids = engine.tokenizer.encode(PROMPTS[2])
     params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 3)]
-    expected = [engine.generate([ids], [p])[0] for p in params]
+    expected = [generate(engine, [ids], [p])[0] for p in params]
     calls = []
     prefill = engine._prefill
     engine._prefill = lambda tokens, *rest: calls.append(tokens.shape[0]) or prefill(tokens, *rest)

@@ -36,6 +36,7 @@ from handler.engine.kv.pages import own_pages, page_columns
 from handler.engine.model.args import ModelArgs
 from handler.engine.model.transformer import Transformer
 from handler.engine.sampling import SamplingParams
+from tests.support.generate import generate
 
 REPO = Path(__file__).resolve().parents[3]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,", "Hi"]
@@ -64,7 +65,7 @@ WORKER_SCRIPT = textwrap.dedent("""
     loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=Path(cache_dir)), on_rejected=lambda: rejected.append(1))
     ready = time.perf_counter() - start
     ids = [loaded.engine.tokenizer.encode(p) for p in prompts]
-    tokens = loaded.engine.generate(ids, [SamplingParams(max_new_tokens=12, ignore_eos=True)] * len(ids))
+    tokens = generate(loaded.engine, ids, [SamplingParams(max_new_tokens=12, ignore_eos=True)] * len(ids))
     print(json.dumps({"mode": loaded.steps.mode, "ready_s": ready, "tokens": tokens, "rejected": len(rejected),
                       "frames": sum(counters["frames"].values()), "graphs": counters["stats"]["unique_graphs"]}))
 """)
@@ -107,7 +108,7 @@ def key(cfg, cold):
 
 def _greedy_tokens(engine, n: int = 12, lead: str = "") -> list[list[int]]:  # as WORKER_SCRIPT generates
     ids = [engine.tokenizer.encode(lead + p) for p in PROMPTS]
-    return engine.generate(ids, [SamplingParams(max_new_tokens=n, ignore_eos=True)] * len(ids))
+    return generate(engine, ids, [SamplingParams(max_new_tokens=n, ignore_eos=True)] * len(ids))
 
 
 def _traced_decode_graph(settings) -> torch.fx.GraphModule:
@@ -408,7 +409,7 @@ def test_background_load_failure_is_loud(cfg, cold, monkeypatch, on_error):
     ids = [engine.engine.tokenizer.encode(PROMPTS[0])]
     if on_error == "raise":
         with pytest.raises(CompileError, match="simulated"):
-            engine.engine.generate(ids, [SamplingParams(max_new_tokens=2)])
+            generate(engine.engine, ids, [SamplingParams(max_new_tokens=2)])
     else:
-        assert engine.engine.generate(ids, [SamplingParams(max_new_tokens=2)])
+        assert generate(engine.engine, ids, [SamplingParams(max_new_tokens=2)])
         assert fallbacks and "simulated" in fallbacks[0] and len(fallbacks) == 1

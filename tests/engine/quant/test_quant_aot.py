@@ -12,6 +12,7 @@ from handler.engine.compiled.artifacts import ArtifactPlaces
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams
+from tests.support.generate import generate
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "Hi", "def fibonacci(n):"]
@@ -19,7 +20,7 @@ PROMPTS = ["The capital of France is", "Hi", "def fibonacci(n):"]
 
 def _greedy(engine) -> list[list[int]]:
     ids = [engine.tokenizer.encode(p) for p in PROMPTS]
-    return engine.generate(ids, [SamplingParams(max_new_tokens=10, ignore_eos=True)] * len(ids))
+    return generate(engine, ids, [SamplingParams(max_new_tokens=10, ignore_eos=True)] * len(ids))
 
 
 @pytest.fixture(scope="module")

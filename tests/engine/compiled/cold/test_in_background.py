@@ -21,6 +21,7 @@ from handler.engine.compiled.errors import CompileError
 from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.engine.sampling import SamplingParams
+from tests.support.generate import generate
 
 PROMPTS = ["The capital of France is", "Hi"]
 
@@ -88,9 +89,9 @@ def test_the_process_refuses_a_key_it_does_not_compute(cfg, tmp_path):
     assert not (tmp_path / "aot").exists()
 
 
-def generate(engine) -> list[list[int]]:
+def answers(engine) -> list[list[int]]:
     ids = [engine.tokenizer.encode(p) for p in PROMPTS]
-    return engine.generate(ids, [SamplingParams(max_new_tokens=8, ignore_eos=True)] * len(ids))
+    return generate(engine, ids, [SamplingParams(max_new_tokens=8, ignore_eos=True)] * len(ids))
 
 
 @pytest.mark.timeout(600)
@@ -103,10 +104,10 @@ def test_a_cold_worker_serves_eager_then_switches_to_what_the_process_installed(
     compiled = []
     loaded = build_engine(cfg, places=ArtifactPlaces(cache_dir=cache_dir), on_compiled=compiled.append)
     assert loaded.steps.mode == "aot-compiling" and loaded.steps.serving == "compiling"
-    eager_tokens = generate(loaded.engine)  # answered now, while the process compiles
+    eager_tokens = answers(loaded.engine)  # answered now, while the process compiles
     assert not loaded.steps.background.compiled, "the tiny model answers before its compile ends"
     assert loaded.steps.background.done.wait(540), "the compile process did not finish"
-    assert generate(loaded.engine) == eager_tokens
+    assert answers(loaded.engine) == eager_tokens
     assert loaded.steps.background.compiled and len(compiled) == 1
     assert "C++ libraries the artifact did not carry" not in caplog.text, "the worker compiled nothing at load"
     key = artifacts.artifact_key(platform.resolve(cfg)[0], artifacts.weights_digest(open_checkpoint(cfg.checkpoint_dir)))
