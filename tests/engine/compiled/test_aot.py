@@ -58,6 +58,7 @@ WORKER_SCRIPT = textwrap.dedent("""
     from handler.engine.config import EngineConfig
     from handler.engine.factory import build_engine
     from handler.engine.sampling import SamplingParams
+    from tests.support.generate import generate
     checkpoint, cache_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     cfg = EngineConfig(Path(checkpoint), dtype="float32", max_batch_size=8, max_seq_len=64, freezing=False,
                        warm_start="blocking")
