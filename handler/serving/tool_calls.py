@@ -88,6 +88,12 @@ class ToolStream:
             return piece
         return ""
 
+    def last(self, delta: str) -> tuple[str, list[ToolCall]]:
+        """The answer's last delta: the content to send (what feed lets out and the rest), and the calls."""
+        text = self.feed(delta)
+        rest, calls = self.finish()
+        return text + rest, calls
+
     def finish(self) -> tuple[str, list[ToolCall]]:
         content, calls = parse_answer(self.text, self.spec)
         if calls:

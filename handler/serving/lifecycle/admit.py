@@ -52,7 +52,8 @@ class Admission:
         except RequestError as err:
             return self._refused("resume_refused", err.message, err.status)
         req = resumed.req
-        params = [req.sample_params()[c.index] for c in resumed.running]
+        every = req.sample_params()
+        params = [every[c.index] for c in resumed.running]
         self.live[inc.request_id] = Live(req, params, inc.http, self.clock(), resumed.samples,
                                          pending=resumed.pending, key=point.key, points=list(point.points),
                                          resume=resumed.running)

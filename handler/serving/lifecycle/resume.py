@@ -126,13 +126,11 @@ class Resumption:
         sample.chars, sample.finish_reason = recorded.sent - 1, recorded.finish_reason
         if held < recorded.sent:  # its client missed the rest of it, or only its end
             rest = text[held:sample.chars]
-            calls: list = []
             if sample.tools is not None:
-                rest = sample.tools.feed(rest)
-                more, calls = sample.tools.finish()
-                rest += more
+                rest, sample.tool_calls = sample.tools.last(rest)
             logprobs = () if out.req.params.logprobs is not None else None
-            out.pending.append(Piece(index, rest, recorded.finish_reason, False, tuple(calls), logprobs, recorded.sent))
+            out.pending.append(Piece(index, rest, recorded.finish_reason, False, tuple(sample.tool_calls), logprobs,
+                                     recorded.sent))
         return sample
 
     def key_for(self, req: GenerationRequest) -> str | None:

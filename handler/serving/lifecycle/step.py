@@ -66,10 +66,9 @@ def _content(sample: Sample, out: StepOutput) -> str:
     sample's tool calls go to sample.tool_calls."""
     if sample.tools is None:
         return out.text
-    text = sample.tools.feed(out.text)
-    if out.finished:
-        rest, sample.tool_calls = sample.tools.finish()
-        text += rest
+    if not out.finished:
+        return sample.tools.feed(out.text)
+    text, sample.tool_calls = sample.tools.last(out.text)
     return text
 
 
