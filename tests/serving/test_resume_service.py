@@ -224,3 +224,22 @@ def test_a_sample_that_finished_before_the_cut_sends_only_what_its_client_missed
     assert ends == [(0, "stop"), (1, "length")]
     final = parse_event_id(events[-1]["id"]).points
     assert final == (len(text) + 1, len(tok.decode(running)) + len(rest) + 1)
+
+
+def test_an_id_that_does_not_fit_its_record_is_a_400_and_tools_that_do_not_parse_a_404(engine, records):
+    tok = engine.tokenizer
+    prompt, ids = tuple(tok.encode(SSE_BODY["prompt"])), tuple(tok.encode(" red"))
+    two = ResumeRecord(new_key(), "llm", "completions", time.time(), prompt,
+                       (RecordedSample(ids, 4), RecordedSample(ids, 4)), SamplingParams(max_new_tokens=8))
+    records.put(two)
+    status, message = refusal(engine, records, Incoming("a", {}, True, "v1/completions", last_event_id=f"{two.key}.4"))
+    assert status == 400 and "has 1 points" in message and "has 2 samples" in message
+    status, message = refusal(engine, records, Incoming("b", {}, True, "v1/completions", last_event_id=f"{two.key}.4.5"))
+    assert status == 400 and "past what stream" in message and "(4.4)" in message
+    twice = {"type": "function", "function": {"name": "f"}}  # a name twice: parse_tools refuses it
+    tools = ResumeRecord(new_key(), "llm", "chat", time.time(), prompt, (RecordedSample(ids, 4),),
+                         SamplingParams(max_new_tokens=8), tools={"tools": [twice, twice]})
+    records.put(tools)
+    status, message = refusal(engine, records, Incoming("c", {}, True, "v1/chat/completions",
+                                                        last_event_id=f"{tools.key}.4"))
+    assert status == 404 and "tools do not parse here" in message
