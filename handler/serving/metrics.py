@@ -25,6 +25,8 @@ COUNTERS = {
     "ts_llm_prefix_cache_hit_tokens_total": "Count",
     "ts_llm_compile_eager_fallback_total": "Count",
     "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification or another key: not loaded
+    # times the products went on alone because a core was taken (handler.engine.kernels.threads.times_alone)
+    "ts_llm_engine_threads_alone_total": "Count",
 }
 GAUGES = {
     "ts_llm_requests_running": "Count",
@@ -76,7 +78,7 @@ class EngineModeGauge:
             observe_engine_mode(self._sink, mode)
 
 
-STEP_COUNTERS = {"ts_llm_generation_tokens_total"}  # observed every decode step
+STEP_COUNTERS = {"ts_llm_generation_tokens_total", "ts_llm_engine_threads_alone_total"}  # observed every decode step
 COUNTER_WRITE_S = 1.0  # their sums are written at most this often (and at flush)
 
 

@@ -126,6 +126,15 @@ def test_metrics_cover_the_request_lifecycle(engine):
     assert len(sink.of("ts_llm_e2e_request_latency_seconds")) == 1
 
 
+def test_times_the_threads_went_on_alone_are_counted_as_they_happen(engine):
+    # the pool's count only grows; each step reports what it added since the last one
+    counts = itertools.chain([7, 7, 9], itertools.repeat(12))
+    sink = RecordingSink()
+    drive(ContinuousService(engine, LIMITS, sink, times_alone=lambda: next(counts)), [Incoming("a", req(n=3), True)])
+    assert sink.of("ts_llm_engine_threads_alone_total")[:3] == [0, 2, 3]
+    assert sum(sink.of("ts_llm_engine_threads_alone_total")) == 5
+
+
 def test_batch_occupancy_is_a_fraction_of_the_slots(engine):
     sink = RecordingSink()
     drive(ContinuousService(engine, LIMITS, sink), [Incoming("a", req(n=3), True)])

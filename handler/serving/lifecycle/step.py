@@ -13,9 +13,17 @@ from handler.serving.live import Live, Piece, Sample
 from handler.serving.metrics import MetricSink
 
 
+def never_alone() -> int:
+    """Steps' `times_alone` where no kernel pool runs them (a test's engine)."""
+    return 0
+
+
 class Steps:
-    def __init__(self, engine: Engine, metrics: MetricSink, live: dict[str, Live], clock: Callable[[], float]):
+    def __init__(self, engine: Engine, metrics: MetricSink, live: dict[str, Live], clock: Callable[[], float],
+                 times_alone: Callable[[], int]):
         self.engine, self.metrics, self.live, self.clock = engine, metrics, live, clock
+        self.times_alone = times_alone  # handler.engine.kernels.threads.times_alone, or a test's
+        self._alone_seen = times_alone()
 
     def step(self) -> list[StepOutput]:
         outputs = self.engine.step()
@@ -26,6 +34,9 @@ class Steps:
         self.metrics.observe("ts_llm_generation_tokens_total", sum(len(o.token_ids) for o in outputs))
         self.metrics.observe("ts_llm_requests_running", self.engine.running)
         self.metrics.observe("ts_llm_batch_occupancy_ratio", len(outputs) / self.engine.slots)
+        alone = self.times_alone()
+        self.metrics.observe("ts_llm_engine_threads_alone_total", alone - self._alone_seen)
+        self._alone_seen = alone
         if not self.engine.running:
             self.metrics.flush()
         return outputs
