@@ -8,12 +8,8 @@
  * on an idle machine are shorter, so it is there when the next loop comes), then sleeps on a futex.
  *
  * When a started chunk keeps the caller waiting (its thread lost its core to another process for
- * a time slice), the loops run on the caller alone for a while, then try the workers again: beside
- * a process that takes a core, one thread that runs beats two that wait for each other. The while
- * starts at SOLO_MIN_NS and doubles, up to SOLO_MAX_NS, while stalls come back as soon as the workers
- * are tried again: a low-priority neighbour that ran for one slice is gone within a millisecond, and
- * 20 ms alone each time it ran cost a tenth of a 16-row step's speed; a neighbour that keeps a core
- * gets the longest.
+ * a time slice), the loops run on the caller alone for SOLO_NS, then try the workers again: beside
+ * a process that takes a core, one thread that runs beats two that wait for each other.
  *
  * One loop at a time: a caller that finds the pool busy (another thread's loop) runs its loop
  * alone. Workers start on first use; a forked child starts its own. */
@@ -34,9 +30,7 @@ typedef void (*PoolTask)(const void *args, int64_t begin, int64_t end); /* items
 #define SPIN_NS 300000               /* a worker's spin before it sleeps */
 #define STRAGGLE_NS 200000           /* a started chunk that keeps the caller waiting this long (and 4 of
                                         its own chunks' time)... */
-#define SOLO_MIN_NS 1000000          /* ...makes the loops run on the caller alone for this long, */
-#define SOLO_MAX_NS 20000000         /* doubled up to this while the next stall comes within AGAIN_SOLOS of them */
-#define AGAIN_SOLOS 4
+#define SOLO_NS 20000000             /* ...makes the loops run on the caller alone for this long */
 #define YIELD_AFTER_NS 20000         /* the caller's spin for started chunks before it yields its core */
 
 static struct {
@@ -53,9 +47,8 @@ static struct {
     int64_t items, grain, chunks;
     int width;                      /* threads asked for, the caller included */
     int64_t solo_until;             /* CLOCK_MONOTONIC ns */
-    int64_t solo_ns;                /* the last time alone's length */
     uint64_t solos;                 /* times alone since start (ts_llm_pool_solos) */
-} pool = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
 
 static inline void pool_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -159,15 +152,7 @@ extern "C"
 #endif
 void ts_llm_set_threads(int n) { kernel_threads = n; }
 
-/* A worker stalled a loop that ended at `now` (the caller holds pool.busy): run alone from now on,
- * twice as long as last time if the last time ended a short while ago, else SOLO_MIN_NS. */
-static void pool_go_solo(int64_t now) {
-    const int again = pool.solo_ns && now - pool.solo_until < AGAIN_SOLOS * pool.solo_ns;
-    pool.solo_ns = !again ? SOLO_MIN_NS : 2 * pool.solo_ns < SOLO_MAX_NS ? 2 * pool.solo_ns : SOLO_MAX_NS;
-    pool.solo_until = now + pool.solo_ns;
-    __atomic_add_fetch(&pool.solos, 1, __ATOMIC_RELAXED);
-}
-
+/* How often the loops went on alone (SOLO_NS each) since the process started: a neighbour's count. */
 #ifdef __cplusplus
 extern "C"
 #endif
@@ -217,6 +202,9 @@ static void pool_for(int threads, int64_t items, PoolTask task, const void *args
     }
     /* longer than a few chunks of our own: a started chunk's thread lost its core */
     const int64_t waited = pool_now() - mine;
-    if (waited > STRAGGLE_NS && waited > 4 * chunk_ns) pool_go_solo(mine + waited);
+    if (waited > STRAGGLE_NS && waited > 4 * chunk_ns) {
+        pool.solo_until = mine + waited + SOLO_NS;
+        __atomic_add_fetch(&pool.solos, 1, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&pool.busy);
 }
