@@ -19,7 +19,7 @@ from handler.drain_flag import DrainFlag
 from handler.engine.compiled.artifacts import MAR_ARTIFACT_DIR, ArtifactPlaces
 from handler.engine.engine import Engine
 from handler.engine.factory import build_engine
-from handler.engine.kernels import threads
+from handler.engine.kernels import build as kernel_build
 from handler.resume.records import ExpiryPolicy, ResumeRecords, open_records
 from handler.serving.config import ConfigError, HandlerConfig
 from handler.serving.continuous_service import ContinuousService
@@ -116,7 +116,7 @@ def build_service(cfg: HandlerConfig, engine: Engine, limits: Limits, sink: Torc
     flag = DrainFlag(Path(cfg.drain_flag_file)) if cfg.drain_flag_file else None
     hooks: dict[str, Any] = {"draining": flag.draining if flag else lambda: False,
                              "cutting": flag.cutting if flag else lambda: False, "records": resume_records(cfg),
-                             "times_alone": threads.times_alone}
+                             "times_alone": kernel_build.times_alone}
     if cfg.batching == "continuous":
         return ContinuousService(engine, limits, sink, call_seconds=cfg.continuous_call_ms / 1000,
                                  step_ahead=cfg.continuous_step_ahead, **hooks)

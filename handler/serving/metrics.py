@@ -25,7 +25,7 @@ COUNTERS = {
     "ts_llm_prefix_cache_hit_tokens_total": "Count",
     "ts_llm_compile_eager_fallback_total": "Count",
     "ts_llm_compile_artifacts_rejected_total": "Count",  # failed verification or another key: not loaded
-    # times the products went on alone because a core was taken (handler.engine.kernels.threads.times_alone)
+    # times the products went on alone because a core was taken (handler.engine.kernels.build.times_alone)
     "ts_llm_engine_threads_alone_total": "Count",
 }
 GAUGES = {

@@ -101,6 +101,17 @@ def loaded() -> bool:
     return load.cache_info().currsize > 0
 
 
+def times_alone() -> int:
+    """How often, since this process loaded the kernels, the pool's products went on on their
+    caller alone because a worker thread stalled a loop (another process took its core): 0 while
+    the cores are the engine's own, and under `threading: openmp`."""
+    if not loaded():
+        return 0
+    solos = load().ts_llm_pool_solos
+    solos.restype = ctypes.c_uint64
+    return int(solos())
+
+
 def check_in_force() -> None:
     """Raise KernelMismatchError unless the kernels the ops run now (those of the library loaded
     last) execute only what this platform's profile allows, and take the paths it targets."""

@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from handler.engine.kernels import build
-
 if TYPE_CHECKING:
     from handler.engine.config import EngineConfig
 
@@ -82,17 +80,6 @@ def take(cfg: EngineConfig, kernels: ctypes.CDLL) -> ThreadSettings:
     torch.set_num_threads(settings.graph_threads)
     kernels.ts_llm_set_threads(settings.threads if cfg.threading == "pool" else 0)  # 0: torch's OpenMP team
     return settings
-
-
-def times_alone() -> int:
-    """How often, since this process loaded the kernels, the pool's products went on on their
-    caller alone because a worker thread stalled a loop (another process took its core): 0 while
-    the cores are the engine's own, and under `threading: openmp`."""
-    if not build.loaded():
-        return 0
-    solos = build.load().ts_llm_pool_solos
-    solos.restype = ctypes.c_uint64
-    return int(solos())
 
 
 def in_force(cfg: EngineConfig, started_with: Mapping[str, str] | None = None) -> ThreadSettings:

@@ -22,7 +22,7 @@ class Stages:
     """`draining`: refuse new requests (503), finish running ones. `cutting`: the drain's wait is
     over, TorchServe stops next: end running ones now (Ending.cut_running). `records`: where cut
     streams' records go (handler.resume); None: no stream is resumable. `times_alone`: the engine
-    threads' count of times a core was taken (handler.engine.kernels.threads.times_alone)."""
+    threads' count of times a core was taken (handler.engine.kernels.build.times_alone)."""
 
     def __init__(self, engine: Engine, limits: Limits, metrics: MetricSink, clock: Callable[[], float] = time.monotonic,
                  draining: Callable[[], bool] = lambda: False, cutting: Callable[[], bool] = lambda: False,

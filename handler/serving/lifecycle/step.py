@@ -22,7 +22,7 @@ class Steps:
     def __init__(self, engine: Engine, metrics: MetricSink, live: dict[str, Live], clock: Callable[[], float],
                  times_alone: Callable[[], int]):
         self.engine, self.metrics, self.live, self.clock = engine, metrics, live, clock
-        self.times_alone = times_alone  # handler.engine.kernels.threads.times_alone, or a test's
+        self.times_alone = times_alone  # handler.engine.kernels.build.times_alone, or a test's
         self._alone_seen = times_alone()
 
     def step(self) -> list[StepOutput]:

@@ -81,3 +81,10 @@ print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 def test_a_forked_child_runs_its_products():
     run = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "child exit 0", run.stdout + run.stderr
+
+
+def test_the_count_of_times_alone_is_exported_and_never_goes_back(kernel_threads):
+    kernel_threads(2)
+    before = build.times_alone()
+    products(torch.randn(16, 96))
+    assert 0 <= before <= build.times_alone()

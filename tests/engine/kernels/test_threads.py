@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from handler.engine.config import EngineConfig
-from handler.engine.kernels import build, threads
+from handler.engine.kernels import threads
 
 
 def test_a_worker_gets_the_bounded_spin():
@@ -74,9 +74,3 @@ def test_the_wait_in_force_is_the_one_the_process_started_with():
     env = {**os.environ, "GOMP_SPINCOUNT": "3000"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert run.stdout.strip() == "spin 3000"
-
-
-def test_the_pools_count_of_times_alone_is_exported_by_the_kernels():
-    build.load()
-    before = threads.times_alone()
-    assert before >= 0 and threads.times_alone() >= before  # a count since start: it never goes back
