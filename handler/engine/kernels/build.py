@@ -90,6 +90,7 @@ def load() -> ctypes.CDLL:
         library = CppCodeCache.load(source(plat.kernel_targets), needs_vec_isa=True)
     except Exception as err:  # Inductor raises its own CppCompileError (and OSError without a compiler)
         raise KernelBuildError(f"building the CPU kernels ({', '.join(p.name for p in SOURCES)}) failed: {err}") from err
+    library.ts_llm_pool_solos.restype = ctypes.c_uint64  # ctypes keeps it: times_alone runs every step
     log.info("CPU kernels loaded in %.1f s; quantized products: %s", time.perf_counter() - start,
              ", ".join(quantized_paths(library)) or "plain vector instructions")
     check_in_force()
@@ -105,11 +106,7 @@ def times_alone() -> int:
     """How often, since this process loaded the kernels, the pool's products went on on their
     caller alone because a worker thread stalled a loop (another process took its core): 0 while
     the cores are the engine's own, and under `threading: openmp`."""
-    if not loaded():
-        return 0
-    solos = load().ts_llm_pool_solos
-    solos.restype = ctypes.c_uint64
-    return int(solos())
+    return load().ts_llm_pool_solos() if loaded() else 0
 
 
 def check_in_force() -> None:
