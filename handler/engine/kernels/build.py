@@ -52,23 +52,24 @@ class KernelMismatchError(EngineError, RuntimeError):
 def source(targets: tuple[str, ...]) -> str:
     """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
     the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
-    pool, *rest = (p.read_text() for p in SOURCES if p not in TARGETED)  # the loops' threads first: all use them
-    return "\n".join([pool, quantized_source(targets), *rest])
+    rest = (p.read_text() for p in SOURCES[len(TARGETED) + 1:])
+    return "\n".join([quantized_source(targets), *rest])
 
 
 def quantized_source(targets: tuple[str, ...]) -> str:
-    """quantized.c, amx.c and kquant.c under `targets`: the part of source() that bench/kernels.py
-    builds once per subset of the targets, to run every path side by side."""
+    """pool.c, then quantized.c, amx.c and kquant.c under `targets`: the part of source() that
+    bench/kernels.py builds once per subset of the targets, to run every path side by side."""
+    pool = SOURCES[0].read_text()  # the loops' threads first: every kernel uses them
     text = "\n".join(p.read_text() for p in TARGETED)
     if not targets:
-        return text
+        return f"{pool}\n{text}"
     # g++ (Inductor compiles C++) does not define a pragma's feature macros (__AVX512VNNI__...) as
     # gcc does, so the kernels test macros of their own: TS_LLM_TARGET_AVX512VNNI, ..._AMX_INT8
     defines = "".join(f"#define {target_macro(t)} 1\n" for t in targets)
     # The intrinsics first, outside the pragma: included inside it they would be defined with its
     # targets, and matvec.c's calls after it (without them) could not inline them. That built only
     # where Inductor's own flags carried the same targets (AVX-512 VNNI, AMX), never for AVX-VNNI.
-    return (f'#include <immintrin.h>\n#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n'
+    return (f'{pool}\n#include <immintrin.h>\n#pragma GCC push_options\n#pragma GCC target("{",".join(targets)}")\n'
             f'{defines}{text}\n#pragma GCC pop_options\n')
 
 

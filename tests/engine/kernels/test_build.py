@@ -70,6 +70,18 @@ except build.KernelMismatchError as err:
 """
 
 
+def test_the_quantized_kernels_build_on_their_own():
+    # bench/kernels.py builds them once per path, without the other files; they once lacked the
+    # pool's threads (pool.c) and did not compile. No ops are registered: torch_op.cpp is not in it.
+    from torch._inductor.codecache import CppCodeCache
+
+    from handler.engine import platform
+    from handler.engine.kernels import build
+
+    library = CppCodeCache.load(build.quantized_source(platform.current().kernel_targets), needs_vec_isa=True)
+    assert build.quantized_paths(library) == build.quantized_paths()
+
+
 @functools.cache
 def avx_vnni_build_under_avx2() -> str:
     """What AVX_VNNI_BUILD printed, run in a child process under the forced avx2 profile."""
