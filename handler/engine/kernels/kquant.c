@@ -153,6 +153,104 @@ static inline __attribute__((always_inline)) void kq_group(int bits, int scaled,
     }
 }
 
+#if defined(HAVE_PAIRS) /* quantized.c */
+/* Two row groups at once in 512-bit vectors, as quantized.c's pair(): group g's rows in lanes 0-7,
+ * g + 1's in lanes 8-15, each lane computed as kq_group_rows computes its row (the same bits). */
+static inline __m512i kq_join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+
+static inline void kq_pair_halves(const __m512i v[8], const int8_t *xq, i16v *lo, i16v *hi) {
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int j = 0; j < 8; j++) {
+        int32_t x4; memcpy(&x4, xq + 4 * j, 4);
+        acc[j / 4 * 2 + j % 2] = _mm512_dpbusd_epi32(acc[j / 4 * 2 + j % 2], v[j], _mm512_set1_epi32(x4));
+    }
+    *lo = (i16v)_mm512_add_epi32(acc[0], acc[1]);
+    *hi = (i16v)_mm512_add_epi32(acc[2], acc[3]);
+}
+
+static inline __attribute__((always_inline)) i16v kq_pair_isum(int centred, int scaled, const __m512i v[8],
+                                                                const RoundedTile *x, int64_t at, i16v sc_lo, i16v sc_hi) {
+    i16v lo, hi;
+    kq_pair_halves(v, x->q + at * BLOCK, &lo, &hi);
+    if (centred) return (lo - 32 * x->qhalf[2 * at]) * sc_lo + (hi - 32 * x->qhalf[2 * at + 1]) * sc_hi;
+    return scaled ? (lo + hi) * sc_lo : lo + hi;
+}
+
+/* y[r][0..16) of the row group at q, h, sc, mn, d, dmin and the next one for R x rows: kq_group_rows
+ * for two groups, which lie one group's K columns apart in every array. */
+static inline __attribute__((always_inline)) void kq_pair_rows(int bits, int scaled, int R, const RoundedTile *x,
+                                                               const RoundedTile *e, const uint8_t *q, const uint8_t *h,
+                                                               const void *sc, const uint8_t *mn, const uint16_t *d,
+                                                               const uint16_t *dmin, float *y, int64_t ldy, int64_t K,
+                                                               int64_t S) {
+    const int centred = bits == 6, hb = KQ_HIGH_BYTES(bits);
+    const int64_t blocks = K / BLOCK, sc_next = blocks * (centred ? 16 : 8), d_next = K / S * ROWS;
+    f16v acc[4] = {{0}}, offset[4] = {{0}};
+    for (int64_t s = 0, b = 0; s < K / S; s++) {
+        const f16v scale = pair_half(d + ROWS * s, d + d_next + ROWS * s);
+        const f16v min = centred ? (f16v){0} : pair_half(dmin + ROWS * s, dmin + d_next + ROWS * s);
+        for (const int64_t end = b + S / BLOCK; b < end; b++) {
+            prefetch_block(4, q + b * 128);
+            prefetch_block(4, q + (blocks + b) * 128);
+            const KBlock w0 = kq_load(bits, q + b * 128, h + b * hb);
+            const KBlock w1 = kq_load(bits, q + (blocks + b) * 128, h + (blocks + b) * hb);
+            __m512i v[8];
+            for (int j = 0; j < 8; j++) v[j] = kq_join(w0.v[j], w1.v[j]);
+            i16v sc_lo = {0}, sc_hi = {0};
+            f16v block_min = min;
+            if (centred) {
+                const int8_t *sc0 = (const int8_t *)sc + 16 * b, *sc1 = sc0 + sc_next;
+                sc_lo = (i16v)kq_join((__m256i)widen_i8(sc0), (__m256i)widen_i8(sc1));
+                sc_hi = (i16v)kq_join((__m256i)widen_i8(sc0 + 8), (__m256i)widen_i8(sc1 + 8));
+            } else if (scaled) {
+                const uint8_t *sc0 = (const uint8_t *)sc + 8 * b;
+                sc_lo = (i16v)kq_join((__m256i)widen_u8(sc0), (__m256i)widen_u8(sc0 + sc_next));
+                const i16v mins = (i16v)kq_join((__m256i)widen_u8(mn + 8 * b), (__m256i)widen_u8(mn + ROWS * blocks + 8 * b));
+                block_min = min * __builtin_convertvector(mins, f16v);
+            }
+            for (int r = 0; r < R; r++) {
+                const int64_t at = b * R + r;
+                const i16v isum = kq_pair_isum(centred, scaled, v, x, at, sc_lo, sc_hi);
+                acc[r] = (f16v)_mm512_fmadd_ps((__m512)__builtin_convertvector(isum, f16v), (__m512)(scale * x->scale[at]),
+                                               (__m512)acc[r]);
+                if (e) {
+                    const i16v esum = kq_pair_isum(centred, scaled, v, e, at, sc_lo, sc_hi);
+                    acc[r] = (f16v)_mm512_fmadd_ps((__m512)__builtin_convertvector(esum, f16v),
+                                                   (__m512)(scale * e->scale[at]), (__m512)acc[r]);
+                }
+                if (!centred)
+                    offset[r] = (f16v)_mm512_fmadd_ps((__m512)block_min,
+                                                      (__m512)((f16v){0} + (e ? x->sum[at] + e->sum[at] : x->sum[at])),
+                                                      (__m512)offset[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const f16v out = acc[r] - offset[r];
+        memcpy(y + r * ldy, &out, sizeof out);
+    }
+}
+
+static inline __attribute__((always_inline)) void kq_pair(int bits, int scaled, const RoundedTile *x,
+                                                          const RoundedTile *e, int64_t M, const uint8_t *q,
+                                                          const uint8_t *h, const void *sc, const uint8_t *mn,
+                                                          const uint16_t *d, const uint16_t *dmin, float *y, int64_t N,
+                                                          int64_t K, int64_t S) {
+    int64_t t = 0;
+    for (; (t + 1) * TILE <= M; t++) kq_pair_rows(bits, scaled, TILE, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
+    switch (M - t * TILE) {
+        case 3: kq_pair_rows(bits, scaled, 3, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 2: kq_pair_rows(bits, scaled, 2, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+        case 1: kq_pair_rows(bits, scaled, 1, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
+    }
+}
+#define KQ_PAIRS(BITS, SCALED, E, AT)                                                                                  \
+    if (a->M * (E ? 2 : 1) >= PAIR_MIN_PRODUCTS)                                                                      \
+        for (; g + 1 < g1; g += 2) kq_pair AT;
+#else
+#define KQ_PAIRS(BITS, SCALED, E, AT)
+#endif
+
 /* One loop over the row groups: what ts_llm_kquant_linear hands the pool (pool.c). */
 typedef struct {
     const RoundedTile *x, *e;
@@ -162,16 +260,20 @@ typedef struct {
     int64_t M, N, K, S, sc_bytes;
 } KQuantLoop;
 
+/* kq_group's (and kq_pair's) arguments for row group g */
+#define KQ_GROUP_AT(BITS, SCALED, E)                                                                                   \
+    (BITS, SCALED, a->x, E, a->M, a->q + g * K / BLOCK * 128, a->h + g * K / BLOCK * KQ_HIGH_BYTES(BITS),              \
+     SCALED ? a->sc + g * K / BLOCK * a->sc_bytes : NULL, SCALED && BITS != 6 ? a->mn + g * K / BLOCK * ROWS : NULL,   \
+     a->d + g * K / S * ROWS, BITS == 6 ? NULL : a->dmin + g * K / S * ROWS, a->y + g * ROWS, a->N, K, S)
+
 /* A task per form (bits, scaled, error tiles or none), so each is specialized: row groups [g0, g1). */
 #define KQ_TASK(NAME, BITS, SCALED, E)                                                                                 \
     static void NAME(const void *loop, int64_t g0, int64_t g1) {                                                       \
         const KQuantLoop *a = (const KQuantLoop *)loop;                                                                \
         const int64_t K = a->K, S = a->S;                                                                              \
-        for (int64_t g = g0; g < g1; g++)                                                                              \
-            kq_group(BITS, SCALED, a->x, E, a->M, a->q + g * K / BLOCK * 128, a->h + g * K / BLOCK * KQ_HIGH_BYTES(BITS), \
-                     SCALED ? a->sc + g * K / BLOCK * a->sc_bytes : NULL,                                              \
-                     SCALED && BITS != 6 ? a->mn + g * K / BLOCK * ROWS : NULL, a->d + g * K / S * ROWS,               \
-                     BITS == 6 ? NULL : a->dmin + g * K / S * ROWS, a->y + g * ROWS, a->N, K, S);                      \
+        int64_t g = g0;                                                                                                \
+        KQ_PAIRS(BITS, SCALED, E, KQ_GROUP_AT(BITS, SCALED, E))                                                        \
+        for (; g < g1; g++) kq_group KQ_GROUP_AT(BITS, SCALED, E);                                                     \
     }
 #define KQ_TASKS(SUFFIX, E)                                                                                            \
     KQ_TASK(kq6##SUFFIX, 6, 1, E)                                                                                      \
