@@ -34,13 +34,19 @@ def versions() -> dict:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name, with its family and model where /proc/cpuinfo has them: a cloud
+    vCPU's name ("AMD EPYC") alone does not tell a Zen 4 (family 25) from a Zen 5 (family 26)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        fields = {}
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    if "cpu family" not in fields:
+        return fields["model name"]
+    return f"{fields['model name']} (family {fields['cpu family']}, model {fields.get('model', '?')})"
 
 
 def sync(device: str) -> None:
