@@ -9,7 +9,10 @@
  *
  * When a started chunk keeps the caller waiting (its thread lost its core to another process for
  * a time slice), the loops run on the caller alone for SOLO_NS, then try the workers again: beside
- * a process that takes a core, one thread that runs beats two that wait for each other.
+ * a process that takes a core, one thread that runs beats two that wait for each other. A shorter
+ * wait is not taken for one (STRAGGLE_NS): at every token the frontend's threads and the worker's
+ * own wake for ~0.5 ms each, and at 0.2 ms those wakeups sent a 1B body's 1-client steps alone
+ * most of the time (docs/benchmarks.md, "Engine choices").
  *
  * One loop at a time: a caller that finds the pool busy (another thread's loop) runs its loop
  * alone. Workers start on first use; a forked child starts its own. */
@@ -28,7 +31,7 @@ typedef void (*PoolTask)(const void *args, int64_t begin, int64_t end); /* items
 #define POOL_MAX 256                 /* threads, the caller included */
 #define CHUNKS_PER_THREAD 8          /* chunks a loop is cut into, per thread: room to even out */
 #define SPIN_NS 300000               /* a worker's spin before it sleeps */
-#define STRAGGLE_NS 200000           /* a started chunk that keeps the caller waiting this long (and 4 of
+#define STRAGGLE_NS 2000000          /* a started chunk that keeps the caller waiting this long (and 4 of
                                         its own chunks' time)... */
 #define SOLO_NS 20000000             /* ...makes the loops run on the caller alone for this long */
 #define YIELD_AFTER_NS 20000         /* the caller's spin for started chunks before it yields its core */
