@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) void kq_group(int bits, int scaled,
 }
 
 #if defined(HAVE_PAIRS) /* quantized.c */
-/* Two row groups at once in 512-bit vectors, as quantized.c's pair(): group g's rows in lanes 0-7,
+/* Two row groups at once in 512-bit vectors, as quantized.c's pair16(): group g's rows in lanes 0-7,
  * g + 1's in lanes 8-15, each lane computed as kq_group_rows computes its row (the same bits). */
 static inline __m512i kq_join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
 
@@ -187,8 +187,8 @@ static inline __attribute__((always_inline)) void kq_pair_rows(int bits, int sca
     const int64_t blocks = K / BLOCK, sc_next = blocks * (centred ? 16 : 8), d_next = K / S * ROWS;
     f16v acc[4] = {{0}}, offset[4] = {{0}};
     for (int64_t s = 0, b = 0; s < K / S; s++) {
-        const f16v scale = pair_half(d + ROWS * s, d + d_next + ROWS * s);
-        const f16v min = centred ? (f16v){0} : pair_half(dmin + ROWS * s, dmin + d_next + ROWS * s);
+        const f16v scale = pair16_half(d + ROWS * s, d + d_next + ROWS * s);
+        const f16v min = centred ? (f16v){0} : pair16_half(dmin + ROWS * s, dmin + d_next + ROWS * s);
         for (const int64_t end = b + S / BLOCK; b < end; b++) {
             prefetch_block(4, q + b * 128);
             prefetch_block(4, q + (blocks + b) * 128);

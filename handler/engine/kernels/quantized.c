@@ -301,7 +301,7 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
     for (int r = 0; r < R; r++) store8(y + r * ldy, acc[r] + offset[r]);
 }
 
-#if defined(HAVE_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(HAVE_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define HAVE_PAIRS 1
 /* Two int4 row groups at once in 512-bit vectors (where the CPU has AVX-512 VNNI): group g's 8
  * rows in lanes 0-7, group g + 1's in lanes 8-15, so one broadcast of x's 4 columns and one
@@ -310,17 +310,17 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
 typedef float f16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 
-static inline __m512i pair_load(const uint8_t *a, const uint8_t *b) {
+static inline __m512i pair16_load(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
-static inline f16v pair_half(const uint16_t *a, const uint16_t *b) {
+static inline f16v pair16_half(const uint16_t *a, const uint16_t *b) {
     return (f16v)_mm512_insertf32x8(_mm512_castps256_ps512((__m256)half8(a)), (__m256)half8(b), 1);
 }
 
 /* The 16 rows' sum(q * xq) over one block: chunk c's low nibbles in v[2c], high in v[2c+1]. */
-static inline i16v pair_isum(const __m512i v[8], const int8_t *xq) {
+static inline i16v pair16_isum(const __m512i v[8], const int8_t *xq) {
     __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int j = 0; j < 8; j++) {
         int32_t x4; memcpy(&x4, xq + 4 * j, 4);
@@ -331,34 +331,34 @@ static inline i16v pair_isum(const __m512i v[8], const int8_t *xq) {
 
 /* y[r][0..16) of row groups q0 and q1 = q0 + stride (d and m likewise, dstride apart) for R x
  * rows: group_rows for two groups, with bits = 4. */
-static inline __attribute__((always_inline)) void pair_rows(int R, const RoundedTile *x, const RoundedTile *e,
-                                                            const uint8_t *q0, int64_t stride, const uint16_t *d0,
-                                                            const uint16_t *m0, int64_t dstride, float *y, int64_t ldy,
-                                                            int64_t K, int64_t G) {
+static inline __attribute__((always_inline)) void pair16_rows(int R, const RoundedTile *x, const RoundedTile *e,
+                                                              const uint8_t *q0, int64_t stride, const uint16_t *d0,
+                                                              const uint16_t *m0, int64_t dstride, float *y, int64_t ldy,
+                                                              int64_t K, int64_t G) {
     const uint8_t *q1 = q0 + stride;
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     f16v acc[4] = {{0}}, offset[4] = {{0}};
     for (int64_t g = 0, b = 0; g < K / G; g++) {
-        const f16v scale = pair_half(d0 + ROWS * g, d0 + dstride + ROWS * g);
-        const f16v min = m0 ? pair_half(m0 + ROWS * g, m0 + dstride + ROWS * g) : (f16v){0};
+        const f16v scale = pair16_half(d0 + ROWS * g, d0 + dstride + ROWS * g);
+        const f16v min = m0 ? pair16_half(m0 + ROWS * g, m0 + dstride + ROWS * g) : (f16v){0};
         for (const int64_t end = b + G / BLOCK; b < end; b++) {
             const int64_t at0 = b * block_bytes(4);
             prefetch_block(4, q0 + at0);
             prefetch_block(4, q1 + at0);
             __m512i v[8];
             for (int c = 0; c < 4; c++) {
-                const __m512i w = pair_load(q0 + at0 + 32 * c, q1 + at0 + 32 * c);
+                const __m512i w = pair16_load(q0 + at0 + 32 * c, q1 + at0 + 32 * c);
                 v[2 * c] = _mm512_and_si512(w, nibble);
                 v[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
             }
             for (int r = 0; r < R; r++) {
                 const int64_t at = b * R + r;
-                i16v isum = pair_isum(v, x->q + at * BLOCK);
+                i16v isum = pair16_isum(v, x->q + at * BLOCK);
                 if (!m0) isum -= x->qsum8[at];
                 acc[r] = (f16v)_mm512_fmadd_ps((__m512)__builtin_convertvector(isum, f16v), (__m512)(scale * x->scale[at]),
                                                (__m512)acc[r]);
                 if (e) {
-                    i16v esum = pair_isum(v, e->q + at * BLOCK);
+                    i16v esum = pair16_isum(v, e->q + at * BLOCK);
                     if (!m0) esum -= e->qsum8[at];
                     acc[r] = (f16v)_mm512_fmadd_ps((__m512)__builtin_convertvector(esum, f16v),
                                                    (__m512)(scale * e->scale[at]), (__m512)acc[r]);
@@ -375,16 +375,16 @@ static inline __attribute__((always_inline)) void pair_rows(int R, const Rounded
 }
 
 /* two int4 row groups against the M x rows, a tile at a time */
-static inline __attribute__((always_inline)) void pair(const RoundedTile *x, const RoundedTile *e, int64_t M,
-                                                       const uint8_t *q, int64_t stride, const uint16_t *d,
-                                                       const uint16_t *m, int64_t dstride, float *y, int64_t N,
-                                                       int64_t K, int64_t G) {
+static inline __attribute__((always_inline)) void pair16(const RoundedTile *x, const RoundedTile *e, int64_t M,
+                                                         const uint8_t *q, int64_t stride, const uint16_t *d,
+                                                         const uint16_t *m, int64_t dstride, float *y, int64_t N,
+                                                         int64_t K, int64_t G) {
     int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) pair_rows(TILE, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G);
+    for (; (t + 1) * TILE <= M; t++) pair16_rows(TILE, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G);
     switch (M - t * TILE) {
-        case 3: pair_rows(3, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
-        case 2: pair_rows(2, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
-        case 1: pair_rows(1, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
+        case 3: pair16_rows(3, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
+        case 2: pair16_rows(2, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
+        case 1: pair16_rows(1, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
     }
 }
 #endif
@@ -413,7 +413,7 @@ typedef struct {
     int64_t M, N, K, G, groups, stride;
 } LinearLoop;
 
-/* int4's row groups two at a time where the CPU has 512-bit VNNI (pair()) and the call has enough
+/* int4's row groups two at a time where the CPU has 512-bit VNNI (pair16()) and the call has enough
  * products per weight (x rows, times 2 with the rounding error's) to be bound by arithmetic. 1B
  * layer on a Zen 5, 2 threads, ms: 5 products 1.74 against 2.31, 16 3.25 against 4.89, 128 17.3
  * against 29.5. Up to 4, memory bounds it and the two groups' streams read slower (1 row 1.25
@@ -423,7 +423,7 @@ typedef struct {
 #define PAIRS(BITS, MIN, E)                                                                                            \
     if (BITS == 4 && a->M * (E ? 2 : 1) >= PAIR_MIN_PRODUCTS)                                                          \
         for (; g + 1 < g1; g += 2)                                                                                     \
-            pair(a->x, E, a->M, a->q + g * a->stride, a->stride, a->d + g * a->groups * ROWS,                          \
+            pair16(a->x, E, a->M, a->q + g * a->stride, a->stride, a->d + g * a->groups * ROWS,                          \
                  MIN ? a->m + g * a->groups * ROWS : NULL, a->groups * ROWS, a->y + g * ROWS, a->N, a->K, a->G);
 #else
 #define PAIRS(BITS, MIN, E)
