@@ -244,11 +244,11 @@ static inline __attribute__((always_inline)) void kq_pair(int bits, int scaled, 
         case 1: kq_pair_rows(bits, scaled, 1, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
     }
 }
-#define KQ_PAIRS(BITS, SCALED, E, AT)                                                                                  \
+#define KQ_PAIRS(E, AT)                                                                                                 \
     if (a->M * (E ? 2 : 1) >= PAIR_MIN_PRODUCTS)                                                                      \
         for (; g + 1 < g1; g += 2) kq_pair AT;
 #else
-#define KQ_PAIRS(BITS, SCALED, E, AT)
+#define KQ_PAIRS(E, AT)
 #endif
 
 /* One loop over the row groups: what ts_llm_kquant_linear hands the pool (pool.c). */
@@ -272,7 +272,7 @@ typedef struct {
         const KQuantLoop *a = (const KQuantLoop *)loop;                                                                \
         const int64_t K = a->K, S = a->S;                                                                              \
         int64_t g = g0;                                                                                                \
-        KQ_PAIRS(BITS, SCALED, E, KQ_GROUP_AT(BITS, SCALED, E))                                                        \
+        KQ_PAIRS(E, KQ_GROUP_AT(BITS, SCALED, E))                                                                      \
         for (; g < g1; g++) kq_group KQ_GROUP_AT(BITS, SCALED, E);                                                     \
     }
 #define KQ_TASKS(SUFFIX, E)                                                                                            \
