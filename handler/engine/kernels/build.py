@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("pool.c", "quantized.c", "amx.c", "kquant.c", "matvec.c", "attention.c", "torch_op.cpp"))
+POOL = SOURCES[0]  # the loops' threads: first, every kernel uses them
 TARGETED = SOURCES[1:4]  # the quantized kernels: built with the CPU's extra targets
 # The quantized kernels' paths beyond plain vectors (quantized_paths) and the GCC targets that give
 # each: VNNI in its AVX-512 or its AVX encoding; AMX-INT8 tiles (the platform lists both together).
@@ -52,14 +53,14 @@ class KernelMismatchError(EngineError, RuntimeError):
 def source(targets: tuple[str, ...]) -> str:
     """The kernels' translation unit; quantized.c, amx.c and kquant.c get `targets` (GCC target features
     the CPU has beyond the profile's -march, e.g. avx512vnni, amx-int8) and no other file does."""
-    rest = (p.read_text() for p in SOURCES[len(TARGETED) + 1:])
+    rest = (p.read_text() for p in SOURCES if p != POOL and p not in TARGETED)
     return "\n".join([quantized_source(targets), *rest])
 
 
 def quantized_source(targets: tuple[str, ...]) -> str:
     """pool.c, then quantized.c, amx.c and kquant.c under `targets`: the part of source() that
     bench/kernels.py builds once per subset of the targets, to run every path side by side."""
-    pool = SOURCES[0].read_text()  # the loops' threads first: every kernel uses them
+    pool = POOL.read_text()
     text = "\n".join(p.read_text() for p in TARGETED)
     if not targets:
         return f"{pool}\n{text}"

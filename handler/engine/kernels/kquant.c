@@ -144,34 +144,18 @@ static inline __attribute__((always_inline)) void kq_group(int bits, int scaled,
                                                            const RoundedTile *e, int64_t M, const uint8_t *q, const uint8_t *h, const void *sc,
                                                            const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
                                                            float *y, int64_t N, int64_t K, int64_t S) {
-    int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) kq_group_rows(bits, scaled, TILE, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
-    switch (M - t * TILE) {
-        case 3: kq_group_rows(bits, scaled, 3, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 2: kq_group_rows(bits, scaled, 2, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 1: kq_group_rows(bits, scaled, 1, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-    }
+#define KQ_GROUP_TILE(R, t) kq_group_rows(bits, scaled, R, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S)
+    FOR_TILES(M, KQ_GROUP_TILE);  /* quantized.c */
+#undef KQ_GROUP_TILE
 }
 
 #if defined(HAVE_PAIRS) /* quantized.c */
 /* Two row groups at once in 512-bit vectors, as quantized.c's pair16(): group g's rows in lanes 0-7,
  * g + 1's in lanes 8-15, each lane computed as kq_group_rows computes its row (the same bits). */
-static inline __m512i kq_join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
-
-static inline void kq_pair_halves(const __m512i v[8], const int8_t *xq, i16v *lo, i16v *hi) {
-    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int j = 0; j < 8; j++) {
-        int32_t x4; memcpy(&x4, xq + 4 * j, 4);
-        acc[j / 4 * 2 + j % 2] = _mm512_dpbusd_epi32(acc[j / 4 * 2 + j % 2], v[j], _mm512_set1_epi32(x4));
-    }
-    *lo = (i16v)_mm512_add_epi32(acc[0], acc[1]);
-    *hi = (i16v)_mm512_add_epi32(acc[2], acc[3]);
-}
-
 static inline __attribute__((always_inline)) i16v kq_pair_isum(int centred, int scaled, const __m512i v[8],
                                                                 const RoundedTile *x, int64_t at, i16v sc_lo, i16v sc_hi) {
     i16v lo, hi;
-    kq_pair_halves(v, x->q + at * BLOCK, &lo, &hi);
+    pair16_halves(v, x->q + at * BLOCK, &lo, &hi);
     if (centred) return (lo - 32 * x->qhalf[2 * at]) * sc_lo + (hi - 32 * x->qhalf[2 * at + 1]) * sc_hi;
     return scaled ? (lo + hi) * sc_lo : lo + hi;
 }
@@ -195,17 +179,17 @@ static inline __attribute__((always_inline)) void kq_pair_rows(int bits, int sca
             const KBlock w0 = kq_load(bits, q + b * 128, h + b * hb);
             const KBlock w1 = kq_load(bits, q + (blocks + b) * 128, h + (blocks + b) * hb);
             __m512i v[8];
-            for (int j = 0; j < 8; j++) v[j] = kq_join(w0.v[j], w1.v[j]);
+            for (int j = 0; j < 8; j++) v[j] = pair16_join(w0.v[j], w1.v[j]);
             i16v sc_lo = {0}, sc_hi = {0};
             f16v block_min = min;
             if (centred) {
                 const int8_t *sc0 = (const int8_t *)sc + 16 * b, *sc1 = sc0 + sc_next;
-                sc_lo = (i16v)kq_join((__m256i)widen_i8(sc0), (__m256i)widen_i8(sc1));
-                sc_hi = (i16v)kq_join((__m256i)widen_i8(sc0 + 8), (__m256i)widen_i8(sc1 + 8));
+                sc_lo = (i16v)pair16_join((__m256i)widen_i8(sc0), (__m256i)widen_i8(sc1));
+                sc_hi = (i16v)pair16_join((__m256i)widen_i8(sc0 + 8), (__m256i)widen_i8(sc1 + 8));
             } else if (scaled) {
                 const uint8_t *sc0 = (const uint8_t *)sc + 8 * b;
-                sc_lo = (i16v)kq_join((__m256i)widen_u8(sc0), (__m256i)widen_u8(sc0 + sc_next));
-                const i16v mins = (i16v)kq_join((__m256i)widen_u8(mn + 8 * b), (__m256i)widen_u8(mn + ROWS * blocks + 8 * b));
+                sc_lo = (i16v)pair16_join((__m256i)widen_u8(sc0), (__m256i)widen_u8(sc0 + sc_next));
+                const i16v mins = (i16v)pair16_join((__m256i)widen_u8(mn + 8 * b), (__m256i)widen_u8(mn + ROWS * blocks + 8 * b));
                 block_min = min * __builtin_convertvector(mins, f16v);
             }
             for (int r = 0; r < R; r++) {
@@ -236,13 +220,9 @@ static inline __attribute__((always_inline)) void kq_pair(int bits, int scaled, 
                                                           const uint8_t *h, const void *sc, const uint8_t *mn,
                                                           const uint16_t *d, const uint16_t *dmin, float *y, int64_t N,
                                                           int64_t K, int64_t S) {
-    int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) kq_pair_rows(bits, scaled, TILE, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S);
-    switch (M - t * TILE) {
-        case 3: kq_pair_rows(bits, scaled, 3, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 2: kq_pair_rows(bits, scaled, 2, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-        case 1: kq_pair_rows(bits, scaled, 1, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S); break;
-    }
+#define KQ_PAIR_TILE(R, t) kq_pair_rows(bits, scaled, R, x + t, e ? e + t : NULL, q, h, sc, mn, d, dmin, y + t * TILE * N, N, K, S)
+    FOR_TILES(M, KQ_PAIR_TILE);
+#undef KQ_PAIR_TILE
 }
 #define KQ_PAIRS(E, AT)                                                                                                 \
     if (a->M * (E ? 2 : 1) >= PAIR_MIN_PRODUCTS)                                                                      \

@@ -269,6 +269,19 @@ static inline void prefetch_block(int bits, const uint8_t *blk) {
 #endif
 }
 
+/* TILE_CALL(R, t) for each tile t of the M x rows: the full tiles, then the rest, with R a constant
+ * in each call, so that each row count inlines into a loop of its own (its accumulators in registers). */
+#define FOR_TILES(M, TILE_CALL)                                                                                        \
+    do {                                                                                                               \
+        int64_t t_ = 0;                                                                                                \
+        for (; (t_ + 1) * TILE <= (M); t_++) TILE_CALL(TILE, t_);                                                      \
+        switch ((M) - t_ * TILE) {                                                                                     \
+            case 3: TILE_CALL(3, t_); break;                                                                           \
+            case 2: TILE_CALL(2, t_); break;                                                                           \
+            case 1: TILE_CALL(1, t_); break;                                                                           \
+        }                                                                                                              \
+    } while (0)
+
 /* y[r][0..8) for one row group and R x rows (y rows ldy apart), e: their rounding errors' tile or
  * NULL; inlined with constant bits, R, e or a literal NULL and (for int4) m or a literal NULL, so
  * the accumulators stay in registers and each form is its own loop. Each x row's arithmetic is the
@@ -310,23 +323,34 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int R, co
 typedef float f16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 
+/* a in lanes 0-7 (bytes 0-31), b in lanes 8-15 */
+static inline __m512i pair16_join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+
 static inline __m512i pair16_load(const uint8_t *a, const uint8_t *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-                              _mm256_loadu_si256((const __m256i *)b), 1);
+    return pair16_join(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
 }
 
 static inline f16v pair16_half(const uint16_t *a, const uint16_t *b) {
     return (f16v)_mm512_insertf32x8(_mm512_castps256_ps512((__m256)half8(a)), (__m256)half8(b), 1);
 }
 
-/* The 16 rows' sum(q * xq) over one block: chunk c's low nibbles in v[2c], high in v[2c+1]. */
-static inline i16v pair16_isum(const __m512i v[8], const int8_t *xq) {
+/* The 16 rows' sums of q * xq over one block's vectors 0-3 (lo) and 4-7 (hi): vector j multiplies
+ * x's columns 4j..4j+3. Four accumulators: one would chain 8 dot products (latency ~4 cycles each). */
+static inline void pair16_halves(const __m512i v[8], const int8_t *xq, i16v *lo, i16v *hi) {
     __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int j = 0; j < 8; j++) {
         int32_t x4; memcpy(&x4, xq + 4 * j, 4);
-        acc[j % 4] = _mm512_dpbusd_epi32(acc[j % 4], v[j], _mm512_set1_epi32(x4));
+        acc[j / 4 * 2 + j % 2] = _mm512_dpbusd_epi32(acc[j / 4 * 2 + j % 2], v[j], _mm512_set1_epi32(x4));
     }
-    return (i16v)_mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+    *lo = (i16v)_mm512_add_epi32(acc[0], acc[1]);
+    *hi = (i16v)_mm512_add_epi32(acc[2], acc[3]);
+}
+
+/* The 16 rows' sum(q * xq) over one block: chunk c's low nibbles in v[2c], high in v[2c+1]. */
+static inline i16v pair16_isum(const __m512i v[8], const int8_t *xq) {
+    i16v lo, hi;
+    pair16_halves(v, xq, &lo, &hi);
+    return lo + hi;  /* integers: the same sum in any order */
 }
 
 /* y[r][0..16) of row groups q0 and q1 = q0 + stride (d and m likewise, dstride apart) for R x
@@ -379,13 +403,9 @@ static inline __attribute__((always_inline)) void pair16(const RoundedTile *x, c
                                                          const uint8_t *q, int64_t stride, const uint16_t *d,
                                                          const uint16_t *m, int64_t dstride, float *y, int64_t N,
                                                          int64_t K, int64_t G) {
-    int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) pair16_rows(TILE, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G);
-    switch (M - t * TILE) {
-        case 3: pair16_rows(3, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
-        case 2: pair16_rows(2, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
-        case 1: pair16_rows(1, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G); break;
-    }
+#define PAIR16_TILE(R, t) pair16_rows(R, x + t, e ? e + t : NULL, q, stride, d, m, dstride, y + t * TILE * N, N, K, G)
+    FOR_TILES(M, PAIR16_TILE);
+#undef PAIR16_TILE
 }
 #endif
 
@@ -393,13 +413,9 @@ static inline __attribute__((always_inline)) void pair16(const RoundedTile *x, c
 static inline __attribute__((always_inline)) void group(int bits, const RoundedTile *x, const RoundedTile *e, int64_t M,
                                                         const uint8_t *q, const uint16_t *d, const uint16_t *m, float *y,
                                                         int64_t N, int64_t K, int64_t G) {
-    int64_t t = 0;
-    for (; (t + 1) * TILE <= M; t++) group_rows(bits, TILE, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G);
-    switch (M - t * TILE) {
-        case 3: group_rows(bits, 3, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
-        case 2: group_rows(bits, 2, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
-        case 1: group_rows(bits, 1, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G); break;
-    }
+#define GROUP_TILE(R, t) group_rows(bits, R, x + t, e ? e + t : NULL, q, d, m, y + t * TILE * N, N, K, G)
+    FOR_TILES(M, GROUP_TILE);
+#undef GROUP_TILE
 }
 
 /* ---- the linear layer ---------------------------------------------------------------------- */
