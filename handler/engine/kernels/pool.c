@@ -36,22 +36,28 @@ typedef void (*PoolTask)(const void *args, int64_t begin, int64_t end); /* items
 #define SOLO_NS 20000000             /* ...makes the loops run on the caller alone for this long */
 #define YIELD_AFTER_NS 20000         /* the caller's spin for started chunks before it yields its core */
 
+/* Written by every claim (`next`) or every thread at a loop's end (`finished`), each on a cache line
+ * of its own: beside the loop's description, which each claim reads, every write made the other
+ * threads fetch the line again (the default model's products are ~30 us; 16 claims of a shared line
+ * cost a third of that on a 2-core Zen 3). */
+#define POOL_LINE 64
 static struct {
     pthread_mutex_t busy;           /* held by the caller of the loop in flight */
     int workers;                    /* started */
     uint32_t generation;            /* the latest loop's number: what workers wait on (futex word) */
-    uint64_t next;                  /* generation << 32 | the next chunk to claim */
     uint32_t sleepers;              /* workers asleep on `generation` */
-    int64_t finished;               /* chunks of the loop in flight done */
-    /* the loop in flight: written before its generation is published, read by a worker only
-     * after it has claimed one of its chunks, so fixed while anyone reads them */
+    /* the loop in flight: written before its generation is published in `next`, read by a worker
+     * once it has seen that generation there; a claim succeeds only while the loop is open, so
+     * whatever a worker runs it runs with this loop's description */
     PoolTask task;
     const void *args;
     int64_t items, grain, chunks;
     int width;                      /* threads asked for, the caller included */
     int64_t solo_until;             /* CLOCK_MONOTONIC ns */
     uint64_t solos;                 /* times alone since start (ts_llm_pool_solos) */
-} pool = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
+    uint64_t next __attribute__((aligned(POOL_LINE)));    /* generation << 32 | the next chunk to claim */
+    int64_t finished __attribute__((aligned(POOL_LINE)));  /* chunks of the loop in flight done, added by each thread at its end */
+} pool = {PTHREAD_MUTEX_INITIALIZER};
 
 static inline void pool_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,21 +88,26 @@ static void pool_wake(void) {
 #endif
 }
 
-/* Claim and run chunks of loop `generation` until none is left; returns how many this thread ran. */
+/* Claim and run chunks of loop `generation` until none is left, then count them done; returns how
+ * many this thread ran. */
 static int64_t pool_work(uint32_t generation) {
     int64_t ran = 0;
     uint64_t seen = __atomic_load_n(&pool.next, __ATOMIC_ACQUIRE);
-    for (;;) {
-        if ((uint32_t)(seen >> 32) != generation || (int64_t)(uint32_t)seen >= pool.chunks) return ran;
+    if ((uint32_t)(seen >> 32) != generation) return 0;
+    /* next carries this loop's generation: its description was written before, and is fixed */
+    const PoolTask task = pool.task;
+    const void *args = pool.args;
+    const int64_t items = pool.items, grain = pool.grain, chunks = pool.chunks;
+    while ((uint32_t)(seen >> 32) == generation && (int64_t)(uint32_t)seen < chunks) {
         if (!__atomic_compare_exchange_n(&pool.next, &seen, seen + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;  /* seen is reloaded */
-        const int64_t begin = (int64_t)(uint32_t)seen * pool.grain;
-        const int64_t end = begin + pool.grain < pool.items ? begin + pool.grain : pool.items;
-        pool.task(pool.args, begin, end);
-        __atomic_add_fetch(&pool.finished, 1, __ATOMIC_RELEASE);
+        const int64_t begin = (int64_t)(uint32_t)seen * grain;
+        task(args, begin, begin + grain < items ? begin + grain : items);
         ran++;
         seen = __atomic_load_n(&pool.next, __ATOMIC_ACQUIRE);
     }
+    if (ran) __atomic_add_fetch(&pool.finished, ran, __ATOMIC_RELEASE);
+    return ran;
 }
 
 /* A worker: wait for a loop it is asked into (index < width - 1), spinning up to SPIN_NS, then asleep. */
@@ -203,6 +214,10 @@ static void pool_for(int threads, int64_t items, PoolTask task, const void *args
         pool_relax();
         if (++spins % 64 == 0 && pool_now() - mine > YIELD_AFTER_NS) sched_yield();  /* a worker may share our core */
     }
+    /* Closed before the next loop's description is written: a thread that read `next` while chunks
+     * were left, and the description after that, finds its claim refused. Without it, a claim of the
+     * index one past this loop's last could succeed against the next loop's larger count. */
+    __atomic_store_n(&pool.next, (uint64_t)generation << 32 | UINT32_MAX, __ATOMIC_RELEASE);
     /* longer than a few chunks of our own: a started chunk's thread lost its core */
     const int64_t waited = pool_now() - mine;
     if (waited > STRAGGLE_NS && waited > 4 * chunk_ns) {

@@ -88,3 +88,17 @@ def test_the_count_of_times_alone_is_exported_and_never_goes_back(kernel_threads
     before = build.times_alone()
     products(torch.randn(16, 96))
     assert 0 <= before <= build.times_alone()
+
+
+def test_loops_of_different_sizes_one_after_another_each_finish_whole(kernel_threads):
+    # each thread counts the chunks it ran once, at the loop's end, and a loop is closed before the
+    # next one is described: every product of a run of loops, small and large in turn, on more
+    # threads than cores (workers often late to a loop), is the one a lone thread makes
+    small, large = quantize_int4(W[:24], 32).pack(), INT4
+    x = torch.randn(1, 96)
+    kernel_threads(1)
+    expected = [quantized_linear(x, w, None, 2) for w in (small, large)]
+    kernel_threads(4)
+    wrong = sum(not torch.equal(quantized_linear(x, w, None, 2), want)
+                for _ in range(3000) for w, want in zip((small, large), expected, strict=True))
+    assert wrong == 0
