@@ -1,5 +1,6 @@
 """The kernels' own threads (pool.c): a product is the same on any number of threads, in the pool or
-in OpenMP's team; a forked child and a second calling thread get their products too."""
+in OpenMP's team; a forked child, a second calling thread and loops of different sizes in turn get
+their products too."""
 from __future__ import annotations
 
 import subprocess
