@@ -6,6 +6,7 @@ Everything is cached under $XDG_CACHE_HOME/ts-llm/llama.cpp (else ~/.cache/ts-ll
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -184,6 +185,9 @@ def checkpoint_ggufs(build: dict, checkpoint: Path, kinds: list[str]) -> dict[st
     base = cache_root() / "gguf" / checkpoint.name
     bf16 = gguf_path(base, "BF16")
     if not bf16.is_file():
+        if importlib.util.find_spec("sentencepiece") is None:
+            raise LlamaCppError("llama.cpp's convert_hf_to_gguf.py imports sentencepiece: install the bench extra "
+                                "(.venv/bin/pip install -e '.[bench]') and run again")
         bf16.parent.mkdir(parents=True, exist_ok=True)
         script = converter(build)
         print(f"convert_hf_to_gguf.py {checkpoint.name} -> BF16", flush=True)

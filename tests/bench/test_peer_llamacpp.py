@@ -1,5 +1,5 @@
 """Which llama.cpp build bench/peer.py asks for on a CPU: native, native less AMX (where its AMX
-path crashes), or AVX2 flags for the forced avx2 profile."""
+path crashes), or AVX2 flags for the forced avx2 profile; and what converting a checkpoint needs."""
 from __future__ import annotations
 
 import pytest
@@ -28,3 +28,12 @@ def test_a_build_less_amx_is_refused_where_the_profile_has_no_tiles(monkeypatch)
     _on(monkeypatch, "avx512_bf16", forced=True)
     with pytest.raises(llamacpp.LlamaCppError, match="a build without AMX is for the avx512_amx profile"):
         llamacpp.build_profile(without_amx=True)
+
+
+def test_converting_a_checkpoint_without_sentencepiece_names_the_bench_extra(monkeypatch, tmp_path):
+    # llama.cpp's converter imports it: say so before running it, not after its traceback
+    monkeypatch.setattr(llamacpp, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(llamacpp.LlamaCppError, match=r"install the bench extra"):
+        llamacpp.checkpoint_ggufs({}, tmp_path / "llama-1b-random", ["Q4_0"])
+    assert not (tmp_path / "gguf").exists()
