@@ -14,10 +14,14 @@ does. So here the busy process's session gets its nice too (/proc/PID/autogroup)
 low-priority neighbour (as a BestEffort pod is, by cgroup weight), `nice0` an equal one that takes
 a core. A peer started in the busy process's own session would see its nice and ours not: unequal.
 
-Each condition measures every server in turn (1 client, then 16), one round, after a warm-up;
-tokens/s, first token and the client-side gap between tokens p50/p99 are recorded, and each side's
-RSS. Writes docs/results/contention.json (+ raw records), docs/results/contention.png and the
-contention section of docs/benchmarks.md.
+Each condition measures every server in turn (1 client, then 16) after a warm-up. Quiet, the
+servers take turns `--quiet-rounds` times (bench.peer.turns: the order reversed every other round)
+and each level pools its rounds: `quiet_over_before` compares two runs of the same code's speed,
+and one round each, minutes apart, measured the host's drift as much as the code (a 0.91 on a
+Zen 3 whose same servers ran a third faster minutes later). Beside a busy process, one round: the
+code before issue 58 makes a token a second there. Tokens/s, first token and the client-side gap
+between tokens p50/p99 are recorded, and each side's RSS. Writes docs/results/contention.json (+ raw
+records), docs/results/contention.png and the contention section of docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ def parse_args(argv: list[str] | None = None):
                    help="the conditions the code before issue 58 runs in (slow beside a busy process)")
     p.add_argument("--before-requests", type=int, nargs="+", default=[3, 16],
                    help="its requests per level beside a busy process (tokens come seconds apart there)")
+    p.add_argument("--quiet-rounds", type=int, default=4, help="turns each server takes per level, quiet")
     p.add_argument("--warmup-s", type=float, default=30)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16)
@@ -104,13 +109,19 @@ def _sidecar(ts) -> Iterator[None]:
             emulator.stop()
 
 
-def measure(server: peer.Server, label: str, condition: str, levels: list[tuple[int, int]], args) -> list[dict]:
-    headers = {**server.headers, "Connection": "close"}
-    runs = []
-    for c, n in levels:
-        records = run_load(server.url, headers, peer.bodies(n, args), c, stream=True)
-        runs.append(peer.level_summary((label, condition), c, [records], args))
-    return runs
+def measure(servers: dict[str, peer.Server], condition: str, args) -> dict[str, list[dict]]:
+    """Each server's runs in `condition`, a summary a level over its pooled rounds, the servers
+    taking turns (quiet: `--quiet-rounds` turns each; else one)."""
+    keys = [key for key in servers if key != "ours_before" or condition in args.before_conditions]
+    rounds = args.quiet_rounds if condition == "quiet" else 1
+    loads: dict[str, dict[int, list]] = {key: {c: [] for c in args.concurrency} for key in keys}
+    for c, n, key in peer.turns(keys, args.concurrency, args.requests, rounds):
+        if key == "ours_before" and condition != "quiet":  # tokens come seconds apart there
+            n = dict(zip(args.concurrency, args.before_requests, strict=True))[c]
+        headers = {**servers[key].headers, "Connection": "close"}
+        loads[key][c].append(run_load(servers[key].url, headers, peer.bodies(n, args), c, stream=True))
+    return {key: [peer.level_summary((key, condition), c, one, args) for c, one in levels.items()]
+            for key, levels in loads.items()}
 
 
 def main() -> None:
@@ -120,8 +131,6 @@ def main() -> None:
     checkpoint = peer_models.checkpoint(model)
     ggufs = peer_models.ggufs(model, build, checkpoint, [LLAMACPP_TYPE])
     gguf = ggufs[LLAMACPP_TYPE]
-    levels = list(zip(args.concurrency, args.requests, strict=True))
-    before_levels = list(zip(args.concurrency, args.before_requests, strict=True))
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         servers = {
@@ -137,16 +146,14 @@ def main() -> None:
             results[key] = {"conditions": {}}
         for condition in args.conditions:
             with disturbance(condition, servers["ours"].torchserve):
-                for key, server in servers.items():
-                    if key == "ours_before" and condition not in args.before_conditions:
-                        continue
-                    chosen = levels if key != "ours_before" or condition == "quiet" else before_levels
-                    results[key]["conditions"][condition] = measure(server, key, condition, chosen, args)
+                for key, runs in measure(servers, condition, args).items():
+                    results[key]["conditions"][condition] = runs
         for key, server in servers.items():
             results[key]["side"] = server.describe()  # RSS after the runs
     result = {"model": model.name, "gguf": gguf.name, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "concurrency": args.concurrency, "requests": args.requests,
-              "warmup_s": args.warmup_s, "llama_server_ctx": args.ctx, "spin_count": threads.SPIN_COUNT,
+              "warmup_s": args.warmup_s, "quiet_rounds": args.quiet_rounds, "llama_server_ctx": args.ctx,
+              "spin_count": threads.SPIN_COUNT,
               "before_spin_count": int(BEFORE_SPIN), "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **targets(results, args.concurrency, "" if args.model == "default" else "b1_"),
               "sides": results}
