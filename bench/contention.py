@@ -14,12 +14,12 @@ does. So here the busy process's session gets its nice too (/proc/PID/autogroup)
 low-priority neighbour (as a BestEffort pod is, by cgroup weight), `nice0` an equal one that takes
 a core. A peer started in the busy process's own session would see its nice and ours not: unequal.
 
-Each condition measures every server in turn (1 client, then 16) after a warm-up. Quiet, the
-servers take turns `--quiet-rounds` times (bench.peer.turns: the order reversed every other round)
-and each level pools its rounds: `quiet_over_before` compares two runs of the same code's speed,
-and one round each, minutes apart, measured the host's drift as much as the code (a 0.91 on a
-Zen 3 whose same servers ran a third faster minutes later). Beside a busy process, one round: the
-code before issue 58 makes a token a second there. Tokens/s, first token and the client-side gap
+Each condition measures every server in turn (1 client, then 16) after a warm-up: the servers
+take turns `--rounds` times (bench.peer.turns: the order reversed every other round) and each
+level pools its rounds. `quiet_over_before` and `nice19_over_quiet` compare runs of about the same
+speed, and one round each, minutes apart, measured the host's drift as much as the code (a 0.91 on
+a Zen 3 whose same servers ran a third faster minutes later). Beside the nice-0 process, one round:
+the code before issue 58 makes a token a second there. Tokens/s, first token and the client-side gap
 between tokens p50/p99 are recorded, and each side's RSS. Writes docs/results/contention.json (+ raw
 records), docs/results/contention.png and the contention section of docs/benchmarks.md.
 """
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None):
                    help="the conditions the code before issue 58 runs in (slow beside a busy process)")
     p.add_argument("--before-requests", type=int, nargs="+", default=[3, 16],
                    help="its requests per level beside a busy process (tokens come seconds apart there)")
-    p.add_argument("--quiet-rounds", type=int, default=4, help="turns each server takes per level, quiet")
+    p.add_argument("--rounds", type=int, default=4, help="turns each server takes per level (beside nice 0: one)")
     p.add_argument("--warmup-s", type=float, default=30)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=16)
@@ -111,9 +111,9 @@ def _sidecar(ts) -> Iterator[None]:
 
 def measure(servers: dict[str, peer.Server], condition: str, args) -> dict[str, list[dict]]:
     """Each server's runs in `condition`, a summary a level over its pooled rounds, the servers
-    taking turns (quiet: `--quiet-rounds` turns each; else one)."""
+    taking turns (`--rounds` turns each; beside the nice-0 process one)."""
     keys = [key for key in servers if key != "ours_before" or condition in args.before_conditions]
-    rounds = args.quiet_rounds if condition == "quiet" else 1
+    rounds = 1 if condition == "nice0" else args.rounds
     loads: dict[str, dict[int, list]] = {key: {c: [] for c in args.concurrency} for key in keys}
     for c, n, key in peer.turns(keys, args.concurrency, args.requests, rounds):
         if key == "ours_before" and condition != "quiet":  # tokens come seconds apart there
@@ -152,7 +152,7 @@ def main() -> None:
             results[key]["side"] = server.describe()  # RSS after the runs
     result = {"model": model.name, "gguf": gguf.name, "output_tokens": args.output_tokens, "versions": versions(),
               "batch_size": args.batch_size, "concurrency": args.concurrency, "requests": args.requests,
-              "warmup_s": args.warmup_s, "quiet_rounds": args.quiet_rounds, "llama_server_ctx": args.ctx,
+              "warmup_s": args.warmup_s, "rounds": args.rounds, "llama_server_ctx": args.ctx,
               "spin_count": threads.SPIN_COUNT,
               "before_spin_count": int(BEFORE_SPIN), "llama_cpp": {k: v for k, v in build.items() if k != "binaries"},
               **targets(results, args.concurrency, "" if args.model == "default" else "b1_"),

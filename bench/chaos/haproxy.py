@@ -11,6 +11,10 @@ The configuration is what an operator would deploy in front of this package:
   it still holds whole: `option http-buffer-request` waits for the body before forwarding (else
   a 503 that comes after the body was streamed through is passed to the client);
 - balance: least connections (requests last seconds, not milliseconds).
+
+A second frontend (`pinned`, the same servers, checks and retries) sends every request to the
+first server while it is up (`balance first`): the chaos run's way to put a request on the replica
+about to be noticed, as a balancer's pick may, and still let HAProxy retry it elsewhere.
 """
 
 from __future__ import annotations
@@ -65,6 +69,17 @@ backend replicas
     default-server inter {check_ms}ms fall 1 rise 2
 {servers}
 
+frontend pinned
+    bind 127.0.0.1:{pinned_port}
+    default_backend first_up
+
+backend first_up
+    balance first
+    option httpchk GET /ready
+    http-check expect status 200
+    default-server inter {check_ms}ms fall 1 rise 2
+{servers}
+
 listen stats
     bind 127.0.0.1:{stats_port}
     stats enable
@@ -90,13 +105,13 @@ def ensure_installed() -> str:
 
 class HAProxy:
     def __init__(self, binary: str, backends: list[Backend], work: Path, check_ms: int = 1000) -> None:
-        self.port, self.stats_port = free_port(), free_port()
+        self.port, self.pinned_port, self.stats_port = free_port(), free_port(), free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.config_path = work / "haproxy.cfg"
         self.log_path = work / "haproxy.log"
         servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} check port {b.check_port}"
                             for b in backends)
-        self.config_path.write_text(CONFIG.format(port=self.port, stats_port=self.stats_port,
+        self.config_path.write_text(CONFIG.format(port=self.port, pinned_port=self.pinned_port, stats_port=self.stats_port,
                                                   check_ms=check_ms, servers=servers))
         first_line = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True).stdout.split()
         self.version = " ".join(first_line[:3])  # "HAProxy version 2.6.12-1+deb12u3"
@@ -108,11 +123,16 @@ class HAProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def servers(self) -> dict[str, dict[str, str]]:
-        """The stats CSV's row per server of the `replicas` backend (status, stot, wretr, wredis...)."""
+    @property
+    def pinned_url(self) -> str:
+        """The first server while it is up (`balance first`), with the same retries."""
+        return f"http://127.0.0.1:{self.pinned_port}"
+
+    def servers(self, backend: str = "replicas") -> dict[str, dict[str, str]]:
+        """The stats CSV's row per server of `backend` (status, stot, wretr, wredis...)."""
         text = requests.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=2).text
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        return {r["svname"]: r for r in rows if r["pxname"] == "replicas" and r["svname"] != "BACKEND"}
+        return {r["svname"]: r for r in rows if r["pxname"] == backend and r["svname"] != "BACKEND"}
 
     def wait_up(self, names: list[str], timeout_s: float = 30.0) -> None:
         give_up = time.monotonic() + timeout_s
@@ -120,7 +140,8 @@ class HAProxy:
             if self.process.poll() is not None:
                 raise RuntimeError(f"haproxy exited with {self.process.returncode}; see {self.log_path}")
             try:
-                if all(self.servers().get(n, {}).get("status") == "UP" for n in names):
+                if all(self.servers(backend).get(n, {}).get("status") == "UP"
+                       for n in names for backend in ("replicas", "first_up")):
                     return
             except requests.RequestException:
                 pass

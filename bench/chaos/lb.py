@@ -42,8 +42,8 @@ from handler.torchserve.launch import TorchServe
 
 NO_TOKEN_AUTH = {"disable_token_authorization": "true"}
 NOTICED = "r0"
-# sent to the noticed replica, 44 of its 64 slots (n = 2 takes two): at least 32 cut
-LONG_STREAMS = {"native": 28, "n2": 4, "tools": 4, "non_streaming": 4}
+# sent to the noticed replica, 48 of its 64 slots (n = 2 takes two): at least 32 cut
+LONG_STREAMS = {"native": 28, "n2": 4, "tools": 4, "grpc": 4, "non_streaming": 4}
 # Each replica's slots: the long streams beside the clients' requests, all running when the notice
 # comes (a stream still queued in TorchServe is refused, not cut), and on the survivor once resumed.
 LB_BATCH_SIZE = 64
@@ -61,6 +61,7 @@ class LbPhase:
     records: list[Record] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)  # the noticed replica's sidecar
     servers: dict[str, dict[str, str]] = field(default_factory=dict)  # HAProxy's stats at the end
+    pinned: dict[str, dict[str, str]] = field(default_factory=dict)  # ...of its `pinned` frontend's backend
     report: dict[str, object] | None = None
     torchserve_exit_code: int | None = None
     long_streams: list[resume.LongStream] = field(default_factory=list)  # resumable, cut and resumed
@@ -87,7 +88,7 @@ def lb_phase(args: argparse.Namespace, work: Path, checkpoint: Path) -> LbPhase:
         haproxy.wait_up([b.name for b in backends])
         phase = LbPhase(start=time.time(), haproxy_version=haproxy.version)
         ts, sidecar, emulator = replicas[0]
-        run_lb(args, phase, haproxy, (ts, sidecar, emulator))
+        run_lb(args, phase, haproxy, (ts, sidecar, emulator), replicas[1][0])
         phase.torchserve_exit_code = ts.process.wait(timeout=30) if ts.process else None
         survivor = f"http://127.0.0.1:{replicas[1][0].ports.inference}/predictions/{MODEL}"
         phase.security = {"edited_record": security.edited_record_accepted(work / "resume-store", survivor),
@@ -117,7 +118,7 @@ def _settings(args: argparse.Namespace, emulator: MetadataEmulator, flag: Path) 
 
 
 def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy,
-           noticed: tuple[TorchServe, Sidecar, MetadataEmulator]) -> None:
+           noticed: tuple[TorchServe, Sidecar, MetadataEmulator], survivor: TorchServe) -> None:
     ts, sidecar, emulator = noticed
     sampler = Sampler(sidecar).start()
     watch = _DownWatch(haproxy, NOTICED).start()
@@ -127,8 +128,10 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy,
     long_streams = None
     try:
         time.sleep(args.warmup_s)
-        first = f"http://127.0.0.1:{ts.ports.inference}/predictions/{MODEL}"
-        long_streams = resume.LongStreams(first, target.url, LONG_STREAMS).start(until=time.time() + args.deadline_s + 600)
+        targets = resume.Targets(f"http://127.0.0.1:{ts.ports.inference}/predictions/{MODEL}", target.url,
+                                 f"{haproxy.pinned_url}/predictions/{MODEL}", f"127.0.0.1:{ts.ports.grpc_inference}",
+                                 f"127.0.0.1:{survivor.ports.grpc_inference}")
+        long_streams = resume.LongStreams(targets, LONG_STREAMS).start(until=time.time() + args.deadline_s + 600)
         time.sleep(3.0)  # admitted, streaming, when the notice comes
         phase.notice_at, phase.deadline_at = raise_spot_notice(emulator, args.deadline_s, f" on {NOTICED} behind HAProxy")
         sidecar.process.wait(timeout=args.deadline_s + 60)
@@ -141,7 +144,7 @@ def run_lb(args: argparse.Namespace, phase: LbPhase, haproxy: HAProxy,
         phase.end = time.time()
         phase.records = load.snapshot()
         phase.report = sidecar.report()
-        phase.servers = haproxy.servers()
+        phase.servers, phase.pinned = haproxy.servers(), haproxy.servers("first_up")
         if long_streams is not None:  # the resumed ones go on on the survivor
             phase.long_streams = long_streams.join(until=time.time() + 600)
 

@@ -146,6 +146,9 @@ def lb_summary(lb: Any) -> dict[str, Any]:
         "completed_after_notice": sum(1 for r in lb.records if r.outcome == "completed" and r.end >= lb.notice_at),
         "haproxy_retries": sum(int(s.get("wretr") or 0) for s in servers.values()),
         "haproxy_redispatches": sum(int(s.get("wredis") or 0) for s in servers.values()),
+        # the non_streaming requests' (HAProxy's `pinned` frontend): cut, or refused, and sent again
+        "pinned_retries": sum(int(s.get("wretr") or 0) for s in lb.pinned.values()),
+        "pinned_redispatches": sum(int(s.get("wredis") or 0) for s in lb.pinned.values()),
         "sent_to_server": {name: int(s.get("stot") or 0) for name, s in servers.items()},
         "noticed_down_after_notice_seconds": _after(lb.down_at, lb.notice_at),
         "notice_to_stopped_seconds": round(lb.stopped_at - lb.notice_at, 2),
@@ -278,9 +281,9 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()).replace("`", "'")
 
 
-NON_STREAMING = ("A non-streaming request cannot resume in continuous batching: TorchServe 0.12 takes a whole response "
-                 "only in a request's first call, so its 200 went out with its first (empty) piece, and a cut one ends "
-                 "with an error body under that 200, which no balancer can retry (docs/operations.md, \"What resumes\").")
+NON_STREAMING = ("A non-streaming request has no resume id to give: held until its end, its cut is a whole 503, which "
+                 "HAProxy sent again to the survivor, where it ran anew (its `cut` counts 0: its client cannot see a "
+                 "cut; HAProxy's `pinned` frontend retried {retries} and redispatched {redispatches}).")
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -299,7 +302,7 @@ def markdown(r: dict[str, Any]) -> str:
     failures = "\n".join(f"- `{kind}`: {_one_line(e)}" for kind, k in rs["kinds"].items() for e in k["error_samples"])
     failures = f"Why the ones that did not finish did not:\n\n{failures}" if failures else "Every one finished."
     if "non_streaming" in rs["kinds"]:
-        failures += "\n\n" + NON_STREAMING
+        failures += "\n\n" + NON_STREAMING.format(retries=lb.get("pinned_retries"), redispatches=lb.get("pinned_redispatches"))
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
 
 One command, about four minutes on a 2-core CPU machine:
@@ -413,12 +416,15 @@ Errors the clients saw:
 
 **Resumable streams.** Beside that load, {rs['streams']} long requests of {rs['tokens_each']} tokens, each
 its own prompt, went to r0 3 s before the notice, long enough to outlive it; both replicas write
-the records of cut streams to one store (`resume_store`). Four kinds: `native` greedy NDJSON
+the records of cut streams to one store (`resume_store`). Five kinds: `native` greedy NDJSON
 streams, `n2` seeded SSE completions with n = 2, `tools` greedy SSE chat completions with a tool
-(the default model's generic format holds the answer whole until its end), and `non_streaming`
-greedy completions. A cut stream's client reconnects through HAProxy with the id its final line or
-event names (`{{"resume": id}}`, or `Last-Event-ID`), as the final event tells it to, and is counted
-as a client-visible failure only if it then does not finish (`bench/chaos/resume.py`). Each
+(the default model's generic format holds the answer whole until its end), `grpc` greedy gRPC
+`Predictions` calls (answered whole at their end), and `non_streaming` greedy completions (sent
+through HAProxy's `pinned` frontend: r0 while it is up, with the same retries). A cut stream's
+client reconnects through HAProxy with the id its final line or event names (`{{"resume": id}}`,
+or `Last-Event-ID`; a gRPC call's client calls the survivor with `{{"resume": id}}`), as the final
+event tells it to, and is counted as a client-visible failure only if it then does not finish;
+a non-streaming request's client never retries (`bench/chaos/resume.py`). Each
 finished answer (every choice's text and the tool calls, joined) is compared with the same request
 run uncut on a freshly started replica (r2), all of them at once: the engine's answers do not
 depend on what else is batched with them (docs/benchmarks.md, "Batch invariance"), which is the

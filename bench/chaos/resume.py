@@ -1,19 +1,26 @@
-"""Phase 3's long streams, each its own prompt, sent to the replica about to get the spot notice
-just before it, long enough to outlive it (so that every one is cut), of four kinds:
+"""Phase 3's long requests, each its own prompt, sent to the replica about to get the spot notice
+just before it, long enough to outlive it (so that every one is cut), of five kinds:
 
 - `native`: greedy NDJSON streams (`{"resume": id}` to resume);
 - `n2`: seeded SSE completions with n = 2 (`Last-Event-ID` to resume: a point per sample);
 - `tools`: greedy SSE chat completions with a tool (the default model's generic format holds the
   answer whole until its end: a cut one has sent nothing but its resume id);
-- `non_streaming`: greedy non-streaming completions, the kind a cut cannot resume (its 200 went out
-  with its first empty piece in continuous batching: docs/operations.md, "What resumes").
+- `grpc`: greedy gRPC `Predictions` calls (the native API), answered whole at their end; a cut one's
+  reply is a 503 error body that names its resume id (TorchServe 0.12 sends it under gRPC status
+  OK), and the call `{"resume": id}` to the survivor answers the whole text, as lines;
+- `non_streaming`: greedy non-streaming completions, sent through HAProxy's `pinned` frontend (its
+  first server, the noticed replica, while it is up): a cut one is a whole 503 that HAProxy sends
+  again to the survivor, where it runs anew. The client never retries it: a 503 that reaches it is
+  a client-visible failure, and it cannot tell a retried answer from another (HAProxy's counts say
+  how many were retried).
 
-One that is cut (its last line or event carries `error.resume`) reconnects through HAProxy as a
-client of resumable streams does, until it finishes; a 503 (a draining replica refused it before
-accepting it) is sent again through HAProxy after the `retry:` pause. Each joined answer is
-compared with the same request run uncut on a freshly started replica (`reference`), all of them
-at once: the engine's answers do not depend on what else is batched with them (docs/benchmarks.md,
-"Batch invariance"), so neither the survivor's batches nor the fresh replica's may change a token.
+One that is cut (its last line or event carries `error.resume`) reconnects, through HAProxy (gRPC:
+straight to the survivor), as a client of resumable streams does, until it finishes; a 503 (a
+draining replica refused it before accepting it) is sent again the same way after the `retry:`
+pause. Each joined answer is compared with the same request run uncut on a freshly started
+replica (`reference`, gRPC's as the same native body over HTTP), all of them at once: the engine's
+answers do not depend on what else is batched with them (docs/benchmarks.md, "Batch invariance"),
+so neither the survivor's batches nor the fresh replica's may change a token.
 
 Counting: a cut stream that its client resumes to the end is not a client-visible failure (the
 client reconnected, as the final event told it to); one that does not finish is.
@@ -21,12 +28,18 @@ client reconnected, as the final event told it to); one that does not finish is.
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import grpc
 import requests
+
+from bench.chaos.replica import MODEL
+from bench.grpc_stubs import load_inference_stubs
 
 PROMPT = "Write a long story about a lighthouse keeper and the storm that changed everything."
 LONG_TOKENS = 600  # at the chaos run's decode speed, longer than the notice's 30 s
@@ -36,12 +49,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
 ROUTES = {"native": "", "n2": "/1.0/v1/completions", "tools": "/1.0/v1/chat/completions",
-          "non_streaming": "/1.0/v1/completions"}
+          "non_streaming": "/1.0/v1/completions", "grpc": ""}
 
 
 def body(kind: str, prompt: str) -> dict[str, object]:
     if kind == "native":
         return {"prompt": prompt, "max_new_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True}
+    if kind == "grpc":
+        return {"prompt": prompt, "max_new_tokens": LONG_TOKENS, "ignore_eos": True}
     if kind == "n2":
         return {"model": "llm", "prompt": prompt, "max_tokens": LONG_TOKENS, "n": 2, "temperature": 0.8, "seed": 7,
                 "stream": True, "ignore_eos": True}
@@ -73,18 +88,28 @@ def kinds(count: dict[str, int]) -> list[tuple[str, str]]:
     return [(kind, f"{PROMPT} Story {kind} {i + 1}.") for kind, n in count.items() for i in range(n)]
 
 
-@dataclass
-class LongStreams:
+@dataclass(frozen=True)
+class Targets:
     first_url: str  # the noticed replica's .../predictions/llm
     url: str  # HAProxy's: every later request (a resume, a retry)
+    pinned_url: str  # HAProxy's `pinned` frontend: the noticed replica while it is up (non_streaming)
+    first_grpc: str  # the noticed replica's gRPC inference address (host:port)
+    grpc: str  # the survivor's: a cut call's resume
+
+
+@dataclass
+class LongStreams:
+    targets: Targets
     count: dict[str, int]  # streams of each kind
     streams: list[LongStream] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self, until: float) -> LongStreams:
+        stubs = load_inference_stubs(Path(tempfile.mkdtemp(prefix="chaos-grpc-")))
         for i, (kind, prompt) in enumerate(kinds(self.count)):
             self.streams.append(stream := LongStream(kind, prompt))
-            self.threads.append(threading.Thread(target=run, args=(self.first_url, self.url, stream, until), name=f"long-{i}", daemon=True))
+            self.threads.append(threading.Thread(target=run, args=(self.targets, stubs, stream, until), name=f"long-{i}",
+                                                 daemon=True))
         for thread in self.threads:
             thread.start()
         return self
@@ -95,17 +120,23 @@ class LongStreams:
         return self.streams
 
 
-def run(first_url: str, url: str, stream: LongStream, until: float) -> None:
-    request, to = body(stream.kind, stream.prompt), first_url
-    headers: dict[str, str] = {}
+def run(targets: Targets, stubs, stream: LongStream, until: float) -> None:
+    request, headers, first = body(stream.kind, stream.prompt), {}, True
     while time.time() < until:
         try:
-            last = _send(to + ROUTES[stream.kind], request, headers, stream)
-        except (requests.RequestException, ValueError) as err:
+            if stream.kind == "grpc":
+                last = _call_grpc(targets.first_grpc if first else targets.grpc, request, stubs, stream)
+            else:
+                to = targets.url if not first else targets.pinned_url if stream.kind == "non_streaming" else targets.first_url
+                last = _send(to + ROUTES[stream.kind], request, headers, stream)
+        except (requests.RequestException, grpc.RpcError, ValueError) as err:
             stream.error = f"{type(err).__name__}: {str(err)[:160]}"
             return
-        to = url
+        first = False
         if last is None:  # refused before it was accepted: the balancer sends it elsewhere next time
+            if stream.kind == "non_streaming":
+                stream.error = "a 503 reached the client: HAProxy did not send it again"
+                return
             time.sleep(RETRY_S)
             continue
         if last.get("finish_reason") is not None:
@@ -116,7 +147,7 @@ def run(first_url: str, url: str, stream: LongStream, until: float) -> None:
             stream.error = f"ended without a finish or a resume id: {json.dumps(last)[:160]}"
             return
         stream.cut = True
-        request, headers = ({"resume": resume}, {}) if stream.kind == "native" else ({}, {"Last-Event-ID": resume})
+        request, headers = ({"resume": resume}, {}) if stream.kind in ("native", "grpc") else ({}, {"Last-Event-ID": resume})
     stream.error = stream.error or "did not finish in time"
 
 
@@ -130,16 +161,34 @@ def _send(url: str, request: dict[str, Any], headers: dict[str, str], stream: Lo
             return None
         if response.status_code != 200:
             raise ValueError(f"status {response.status_code}: {response.text[:120]}")
-        if stream.kind == "native":
-            return _read_ndjson(response, stream)
+        if stream.kind in ("native", "grpc"):
+            return _read_ndjson(response.iter_lines(), stream)
         if stream.kind == "non_streaming":
             return _read_whole(response.json(), stream)
         return _read_sse(response, stream)
 
 
-def _read_ndjson(response: requests.Response, stream: LongStream) -> dict:
+def _call_grpc(target: str, request: dict[str, Any], stubs, stream: LongStream, wait_s: float = 600.0) -> dict | None:
+    """A gRPC call's reply (the whole answer, or a resumed call's lines), read as NDJSON lines;
+    None for a 503 without a resume id (refused before it was accepted)."""
+    pb, pb_grpc = stubs
+    with grpc.insecure_channel(target) as channel:
+        reply = pb_grpc.InferenceAPIsServiceStub(channel).Predictions(
+            pb.PredictionsRequest(model_name=MODEL, input={"data": json.dumps(request).encode()}), timeout=wait_s)
+    return grpc_reply(reply.prediction, stream)
+
+
+def grpc_reply(prediction: bytes, stream: LongStream) -> dict | None:
+    """A gRPC reply's last line, its text added to the stream's; None for a 503 that names no
+    resume id (a draining replica refused the call before accepting it)."""
+    last = _read_ndjson(prediction.splitlines(), stream)
+    error = last.get("error") or {}
+    return None if error.get("code") == 503 and not error.get("resume") else last
+
+
+def _read_ndjson(lines, stream: LongStream) -> dict:
     last: dict = {}
-    for line in response.iter_lines():
+    for line in lines:
         if line:
             last = json.loads(line)
             stream.texts[0] = stream.texts.get(0, "") + last.get("text", "")

@@ -51,10 +51,11 @@ class ContinuousService:
         for request_id in request_ids:
             self.stages.ending.drop(request_id)
 
-    def handle(self, batch: list[Incoming], send_partial: SendPartial | None = None) -> list[Reply]:
-        """This call's replies, one per request of `batch`, each request through its stages in
-        order. A stream's pieces are this call's replies too (more=True), so `send_partial`
-        (DynamicService's way) is taken and not used."""
+    def handle(self, batch: list[Incoming], send_partial: SendPartial | None = None) -> list[Reply | None]:
+        """This call's replies, one per request of `batch` (None: a whole answer not finished, held
+        until its end: handler.serving.lifecycle.reply), each request through its stages in order.
+        A stream's pieces are this call's replies too (more=True), so `send_partial` (DynamicService's
+        way) is taken and not used."""
         s = self.stages
         ahead = self._step_thread.wait() if self._step_thread else None  # the step run since the last reply
         was_idle = not s.engine.running  # before this call's admissions
@@ -66,23 +67,19 @@ class ContinuousService:
         arrived = [inc for inc in batch if inc.request_id not in s.live]
         refused = {inc.request_id: r for inc in arrived if (r := s.admission.admit(inc))}
         taken = s.engine.running
-        refused |= s.starts.start_waiting(grpc_waits=False)
+        refused |= s.starts.start_waiting()
         started = s.engine.running > taken
         if s.engine.running and (started or not ahead):  # a request started now is in this call's step
             self._steps_for_this_call()
-        # gRPC requests must be answered whole, now (handler.serving.lifecycle.reply); the rest keep pace.
-        while any(not s.live[i.request_id].http and s.live[i.request_id].finish_reason is None
-                  for i in batch if i.request_id in s.live):
-            self._step()
         replies = [refused.get(inc.request_id) or s.replies.next_piece(inc.request_id) for inc in batch]
         self._step_ahead(replies, bool(arrived), was_idle)
         return replies
 
-    def _step_ahead(self, replies: list[Reply], arrived: bool, was_idle: bool) -> None:
+    def _step_ahead(self, replies: list[Reply | None], arrived: bool, was_idle: bool) -> None:
         """Start the next step on the step thread, to answer the next call with, when this call's
-        requests all go on and either it admitted nothing for QUIET_CALLS calls or it admitted
-        requests into an idle engine (then FRESH_START_DELAY after its replies)."""
-        going_on = all(r.more is True for r in replies)
+        requests all go on (a held one too) and either it admitted nothing for QUIET_CALLS calls or
+        it admitted requests into an idle engine (then FRESH_START_DELAY after its replies)."""
+        going_on = all(r is None or r.more is True for r in replies)
         self._quiet_calls = self._quiet_calls + 1 if going_on and not arrived else 0
         fresh = going_on and arrived and was_idle
         s = self.stages

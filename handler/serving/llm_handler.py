@@ -103,7 +103,7 @@ class LLMHandler(BaseHandler):
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
         try:
-            replies = cast("list[Reply]", self.service.handle(batch, send))
+            replies = cast("list[Reply | None]", self.service.handle(batch, send))
         except Exception as err:
             log.exception("generation failed")
             self.service.abandon([inc.request_id for inc in batch])
@@ -185,16 +185,21 @@ def _header(headers: dict, name: str) -> str | None:
     return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
 
 
-def _apply(replies: list[Reply], context) -> list[str]:
+def _apply(replies: list[Reply | None], context) -> list[str]:
     for idx, reply in enumerate(replies):
+        if reply is None:
+            # Held: TorchServe answers only the ids left in this map (the one its response is built
+            # from), so its frontend keeps this request, sends it again next call and its client nothing.
+            del context.request_ids[idx]
+            continue
         if reply.status != 200:
             context.set_response_status(reply.status, _phrase(reply.status), idx)
         context.set_response_content_type(idx, reply.content_type)
     # TorchServe asks each criterion "is this request done?" to set ts_stream_next ("true": more
     # to come, in continuous mode; "false": the end, which gRPC StreamPredictions needs in every
     # mode); None means a whole (non-chunked) response.
-    context.stopping_criteria = [_criterion(r.more) for r in replies]
-    return [r.body for r in replies]
+    context.stopping_criteria = [_criterion(r.more if r else None) for r in replies]
+    return [r.body if r else "" for r in replies]
 
 
 def _criterion(more: bool | None):

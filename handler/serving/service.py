@@ -15,10 +15,10 @@ class Service(Protocol):
     def start(self) -> None:
         """Called once, on the thread that built the engine (LoopService starts its engine thread)."""
 
-    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply] | Awaitable[list[Reply]]:
+    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply | None] | Awaitable[list[Reply]]:
         """One TorchServe call's requests: their replies, by batch index (an awaitable of them in
-        asyncCommunication mode); streamed pieces go through `send_partial` where the mode sends
-        them between replies."""
+        asyncCommunication mode; None: no reply this call, continuous mode's held request);
+        streamed pieces go through `send_partial` where the mode sends them between replies."""
 
     def abandon(self, request_ids: list[str]) -> None:
         """Forget these requests (the handler's error boundary failed their batch): out of the

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bench.chaos.report import security_summary
-from bench.chaos.resume import LongStream, kinds, summary
+from bench.chaos.resume import LongStream, grpc_reply, kinds, summary
 
 
 def stream(kind: str, prompt: str, *texts: str, cut: bool = False, finished: bool = True) -> LongStream:
@@ -49,3 +49,13 @@ def test_an_unchecked_edit_is_reported_as_unchecked_not_refused():
                                 "public_id": {"in_public_id": False}})
     assert unchecked["edited_record_accepted"] is None and refused["edited_record_accepted"] == 0
     assert refused["resume_token_in_public_id"] is False
+
+
+def test_a_grpc_reply_is_read_as_lines_and_a_refusal_without_a_resume_id_is_none():
+    whole, resumed, refused = LongStream("grpc", "p"), LongStream("grpc", "p"), LongStream("grpc", "p")
+    assert grpc_reply(b'{"text": "one two", "finish_reason": "length"}', whole)["finish_reason"] == "length"
+    cut = grpc_reply(b'{"error": {"code": 503, "resume": "k.0"}, "resume": "k.0"}', resumed)
+    assert cut["error"]["resume"] == "k.0" and whole.texts == {0: "one two"}
+    assert grpc_reply(b'{"text": "one"}\n{"text": " two", "finish_reason": "length"}', resumed)["finish_reason"] == "length"
+    assert resumed.texts == {0: "one two"}
+    assert grpc_reply(b'{"error": {"code": 503, "message": "draining"}}', refused) is None

@@ -82,6 +82,6 @@ def async_server(tmp_path_factory, default_checkpoint):
 
 @pytest.fixture(scope="session")
 def grpc_stubs(tmp_path_factory):
-    from tests.support.grpc_stubs import load_inference_stubs
+    from bench.grpc_stubs import load_inference_stubs
 
     return load_inference_stubs(tmp_path_factory.mktemp("grpc"))

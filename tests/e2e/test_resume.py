@@ -2,10 +2,13 @@
 its own drain flag) share one resume store (a directory). Replica A is cut as the sidecar cuts it
 (the drain flag gets `cut_since_epoch`); its SSE and NDJSON streams end with an event that says
 where to resume, and replica B goes on from there (the `Last-Event-ID` header, the native
-`resume` field): the joined streams equal B's uninterrupted greedy run."""
+`resume` field): the joined streams equal B's uninterrupted greedy run. A non-streaming answer cut
+on A is a whole 503, which a balancer sends again to B."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,8 @@ SERVED = "llm"
 TOKENS = 96  # long enough to be running still when the cut comes
 SSE = {"model": SERVED, "prompt": "Write a long story about a lighthouse keeper.", "max_tokens": TOKENS,
        "temperature": 0, "stream": True, "ignore_eos": True}
+WHOLE = {"model": SERVED, "prompt": "Write a long story about a storm at sea.", "max_tokens": TOKENS, "temperature": 0,
+         "ignore_eos": True}
 NATIVE = {"prompt": "List the planets of the solar system, one per line:", "max_new_tokens": TOKENS, "stream": True,
           "ignore_eos": True}
 
@@ -121,3 +126,20 @@ def test_a_resume_for_an_unknown_or_expired_stream_is_404_or_410(replicas):
     assert unknown.status_code == 404 and "no cut stream" in unknown.json()["error"]["message"]
     expired = post(ts, "b", "v1/completions", SSE, **{"Last-Event-ID": f"{new_key(now=1_000_000)}.0"})
     assert expired.status_code == 410 and "expired" in expired.json()["error"]["message"]
+
+
+def test_a_cut_non_streaming_answer_is_a_whole_503_that_another_replica_answers(replicas):
+    ts, flag = replicas
+    flag.unlink(missing_ok=True)  # A serves again (an earlier test may have cut it)
+    got: list[requests.Response] = []
+    sender = threading.Thread(target=lambda: got.append(post(ts, "a", "v1/completions", WHOLE)))
+    sender.start()
+    time.sleep(1.0)  # admitted and generating: held, nothing sent yet
+    assert sender.is_alive(), "still generating when the cut comes"
+    flag_cutter(flag)()
+    sender.join(60)
+    flag.unlink()
+    [cut] = got
+    assert cut.status_code == 503 and "retry on another replica" in cut.json()["error"]["message"]
+    retried = post(ts, "b", "v1/completions", WHOLE)  # what a balancer that retries 503s sends
+    assert retried.status_code == 200 and retried.json()["usage"]["completion_tokens"] == TOKENS

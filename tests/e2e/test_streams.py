@@ -1,9 +1,10 @@
-"""Streams in the default continuous mode against a real TorchServe: a token a chunk, and a client
-that goes away is cancelled."""
+"""Streams in the default continuous mode against a real TorchServe: a token a chunk, a client
+that goes away is cancelled, and a whole answer held beside a stream holds the stream up not at all."""
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import pytest
@@ -30,6 +31,20 @@ def test_each_token_comes_in_a_chunk_of_its_own(server):
     pieces = [json.loads(line) for c in chunks for line in c.splitlines() if line.strip()]
     assert pieces[-1]["usage"]["completion_tokens"] == 12
     assert len(chunks) == len(pieces) == 12, [len(c.splitlines()) for c in chunks]
+
+
+def test_a_whole_answer_is_one_response_and_the_stream_beside_it_goes_on_a_token_a_chunk(server):
+    whole: list[requests.Response] = []
+    body = {"prompt": "Count slowly:", "max_new_tokens": 24, "ignore_eos": True}
+    sender = threading.Thread(target=lambda: whole.append(requests.post(
+        f"{server.inference_url}/predictions/llm", json=body, headers=server.headers(), timeout=120)))
+    sender.start()
+    chunks = [c for c in stream(server, 12).raw.read_chunked() if c.strip()]
+    sender.join(120)
+    [answer] = whole
+    assert answer.status_code == 200 and "chunked" not in answer.headers.get("Transfer-Encoding", "")
+    assert answer.json()["usage"]["completion_tokens"] == 24
+    assert len(chunks) == 12, "the stream beside it got its tokens a chunk each"
 
 
 def test_a_client_that_goes_away_is_cancelled_within_a_step(server):

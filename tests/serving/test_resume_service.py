@@ -112,6 +112,28 @@ def test_a_cut_seeded_ndjson_stream_resumes_with_the_resume_field(engine, record
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]
 
 
+def test_a_cut_grpc_call_says_where_to_resume_and_its_resume_answers_the_whole_text(engine, records):
+    """A gRPC call is held until its end (no reply a call), so its client holds nothing at the cut:
+    the resume id's point is 0 and the resumed call's one reply is the whole answer, as lines."""
+    body = {**NDJSON_BODY, "stream": False}
+    ref = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records), [Incoming("ref", body, False)])
+    reference = json.loads(ref["ref"][-1].body)["text"]
+    cutting = False
+    service = ContinuousService(engine, LIMITS, RecordingSink(), cutting=lambda: cutting, records=records)
+    held = [service.handle([Incoming("g", body, False)])[0] for _ in range(3)]
+    assert held == [None] * 3 and engine.running == 1
+    cutting = True
+    [cut] = service.handle([Incoming("g", body, False)])
+    error = json.loads(cut.body)["error"]
+    assert cut.more is False and error["code"] == 503 and parse_event_id(error["resume"]).points == (0,)
+
+    resumed = drive(ContinuousService(engine, LIMITS, RecordingSink(), records=records),
+                    [Incoming("r", {"resume": error["resume"]}, False)])["r"]
+    assert resumed[:-1] == [None] * (len(resumed) - 1) and resumed[-1].more is False
+    lines = [json.loads(line) for line in resumed[-1].body.splitlines()]
+    assert "".join(m["text"] for m in lines) == reference and lines[-1]["usage"]["completion_tokens"] == 12
+
+
 def refusal(engine, records, inc):
     [reply] = ContinuousService(engine, LIMITS, RecordingSink(), records=records).handle([inc])
     return reply.status, json.loads(reply.body)["error"]["message"]

@@ -10,7 +10,7 @@ from handler.engine.config import EngineConfig
 from handler.engine.factory import build_engine
 from handler.serving.continuous_service import ContinuousService
 from handler.serving.dynamic_service import DynamicService
-from handler.serving.live import Incoming, Reply
+from handler.serving.live import Incoming
 from handler.serving.request_fields import Limits
 from tests.support.recording_sink import RecordingSink
 from tests.support.service_driver import drive
@@ -35,8 +35,8 @@ def test_streaming_pieces_join_to_the_whole_answer(engine):
     service = ContinuousService(engine, LIMITS, RecordingSink())
     whole = drive(service, [Incoming("a", req(), True)])["a"]
     streamed = drive(service, [Incoming("b", req(stream=True), True)])["b"]
-    assert len(whole) > 1 and [r.more for r in whole][-1] is False
-    assert [r.body for r in whole[:-1]] == [""] * (len(whole) - 1), "a non-streaming client sees only the final body"
+    assert len(whole) > 1 and whole[:-1] == [None] * (len(whole) - 1), "held until its end"
+    assert whole[-1].more is None, "a non-streaming client gets one whole response"
     lines = [json.loads(line) for r in streamed for line in r.body.splitlines()]
     assert "".join(p["text"] for p in lines) == json.loads(whole[-1].body)["text"]
     assert lines[-1]["finish_reason"] == "length" and lines[-1]["usage"]["completion_tokens"] == 6
@@ -59,15 +59,16 @@ def test_bad_request_in_a_batch_does_not_hurt_the_others(engine):
         assert json.loads(replies[rid][-1].body)["finish_reason"] == "length"
 
 
-def test_grpc_requests_are_answered_whole_in_the_admitting_call(engine):
+def test_grpc_requests_are_held_until_their_end_while_http_streams_go_on(engine):
     """TorchServe 0.12 ends a gRPC call at its first reply in continuous mode (unary) or drops
-    it (stream), so gRPC work must finish in one call; a concurrent HTTP stream loses nothing."""
+    it (stream): it gets no reply until its last, and a concurrent HTTP stream gets a piece a call."""
     service = ContinuousService(engine, LIMITS, RecordingSink())
     first = service.handle([Incoming("http", req(n=20, stream=True), True)])
-    second = service.handle([Incoming("http", None, True), Incoming("grpc", req(n=6), False)])
-    assert second[1].more is False and json.loads(second[1].body)["usage"]["completion_tokens"] == 6
-    rest = drive(service, [Incoming("http", None, True)])["http"]
-    pieces = [json.loads(line) for r in [*first, second[0], *rest] for line in r.body.splitlines()]
+    together = drive(service, [Incoming("http", None, True), Incoming("grpc", req(n=6), False)])
+    held, last = together["grpc"][:-1], together["grpc"][-1]
+    assert len(held) == 5 and held == [None] * 5 and all(r.more for r in together["http"][:6])
+    assert last.more is False and json.loads(last.body)["usage"]["completion_tokens"] == 6
+    pieces = [json.loads(line) for r in [*first, *together["http"]] for line in r.body.splitlines()]
     assert pieces[-1]["usage"]["completion_tokens"] == 20
     alone = drive(ContinuousService(engine, LIMITS, RecordingSink()), [Incoming("x", req(n=20), True)])["x"]
     assert "".join(p["text"] for p in pieces) == json.loads(alone[-1].body)["text"]
@@ -95,16 +96,17 @@ def test_draining_refuses_new_requests_but_finishes_running_ones(engine):
     assert json.loads(rest[-1].body.splitlines()[-1])["finish_reason"] == "length"
 
 
-def test_a_cut_ends_an_opened_stream_with_a_retryable_error_event(engine):
+def test_a_cut_ends_a_stream_with_a_retryable_error_event_and_a_held_answer_with_a_503(engine):
     cutting = False
     service = ContinuousService(engine, LIMITS, RecordingSink(), cutting=lambda: cutting)
     first = service.handle([Incoming("s", req(n=20, stream=True), True), Incoming("w", req(n=20), True)])
-    assert all(r.more for r in first)
+    assert first[0].more is True and first[1] is None
     cutting = True
-    replies = service.handle([Incoming("s", None, True), Incoming("w", None, True), Incoming("new", req(), True)])
-    for reply in replies[:2]:
-        error = json.loads(reply.body.splitlines()[-1])["error"]
-        assert reply.more is False and error["code"] == 503 and "retry on another replica" in error["message"]
+    replies = service.handle([Incoming("s", None, True), Incoming("w", req(n=20), True), Incoming("new", req(), True)])
+    error = json.loads(replies[0].body.splitlines()[-1])["error"]
+    assert replies[0].more is False and error["code"] == 503 and "retry on another replica" in error["message"]
+    assert replies[1].status == 503 and replies[1].more is None, "a held answer's cut is a whole 503: a balancer retries it"
+    assert "retry on another replica" in json.loads(replies[1].body)["error"]["message"]
     assert replies[2].status == 503 and replies[2].more is None, "nothing new is admitted"
     assert engine.running == 0 and not service.stages.live
 
@@ -204,13 +206,13 @@ def test_streamed_choices_join_to_the_whole_answers(engine):
 
 
 def test_a_request_whose_samples_do_not_fit_waits_for_slots(engine):
-    """Slots are 4: with one taken, n=4 waits (empty pieces) until the running request ends."""
+    """Slots are 4: with one taken, n=4 waits (held) until the running request ends."""
     service = ContinuousService(engine, LIMITS, RecordingSink())
     first = service.handle([Incoming("running", req(n=3, stream=True), True)])
     assert first[0].more is True
     waiting = {"prompt": "Hi", "max_tokens": 3, "temperature": 1.0, "seed": 1, "n": 4}
     replies = drive(service, [Incoming("running", None, True), Incoming("n4", waiting, True, "v1/completions")])
-    assert replies["n4"][0] == Reply("", content_type="application/json", more=True)
+    assert replies["n4"][0] is None
     assert sorted(_choices(replies["n4"])) == [0, 1, 2, 3]
     assert json.loads(replies["n4"][-1].body)["usage"]["completion_tokens"] == 12
 

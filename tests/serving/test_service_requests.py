@@ -42,10 +42,10 @@ def test_a_whole_answer_comes_in_the_last_reply():
     assert (body["text"], body["finish_reason"], body["usage"]["completion_tokens"]) == ("bcd", "length", 3)
 
 
-def test_a_non_streaming_http_client_gets_empty_chunks_until_the_end():
+def test_a_non_streaming_http_request_is_held_until_one_whole_response():
     replies = drive(continuous(), [Incoming("a", req(n=3), True)])["a"]
-    assert [(r.body, r.more) for r in replies[:-1]] == [("", True), ("", True)]
-    assert replies[-1].more is False
+    assert replies[:-1] == [None, None], "no reply until its end: TorchServe sends it again each call"
+    assert replies[-1].more is None and replies[-1].status == 200
 
 
 def test_streamed_pieces_carry_each_new_piece_of_text():
@@ -86,29 +86,29 @@ def test_a_model_is_retrieved_by_its_id_and_another_id_is_a_404():
 def test_an_http_request_beyond_the_free_slots_waits_for_one():
     service = continuous(slots=1)
     replies = drive(service, [Incoming("a", req(n=5), True), Incoming("b", req(n=5), True)])
-    assert replies["b"][0] == Reply("", more=True), "an empty piece while it waits"
+    assert replies["b"][0] is None, "held while it waits"
     assert json.loads(replies["b"][-1].body)["text"] == json.loads(replies["a"][-1].body)["text"] == "bcdef"
 
 
-def test_a_grpc_request_beyond_the_free_slots_gets_a_retryable_503():
-    sink = RecordingSink()
-    service = continuous(slots=1, sink=sink)
-    out = service.handle([Incoming("a", req(n=5), True), Incoming("b", req(n=5), False)])
-    assert out[1].status == 503 and "retry" in json.loads(out[1].body)["error"]["message"]
-    assert ("ts_llm_request_failure_total", 1, "engine_full") in sink.values
+def test_a_grpc_request_beyond_the_free_slots_waits_for_one_too():
+    replies = drive(continuous(slots=1), [Incoming("a", req(n=5), True), Incoming("b", req(n=5), False)])
+    assert replies["b"][:5] == [None] * 5 and replies["b"][-1].more is False
+    assert json.loads(replies["b"][-1].body)["text"] == "bcdef"
 
 
-def test_a_grpc_request_is_answered_whole_in_the_call_that_admits_it():
-    [reply] = continuous().handle([Incoming("g", req("a", n=5), False)])
-    assert reply.more is False and json.loads(reply.body)["text"] == "bcdef"
+def test_a_grpc_request_is_held_and_answered_whole_at_its_end():
+    replies = drive(continuous(), [Incoming("g", req("a", n=5), False)])["g"]
+    assert replies[:-1] == [None] * 4, "TorchServe ends a gRPC call at its first reply"
+    assert replies[-1].more is False and json.loads(replies[-1].body)["text"] == "bcdef"
 
 
-def test_a_grpc_request_does_not_cut_a_concurrent_http_stream():
+def test_a_grpc_request_does_not_hold_up_a_concurrent_http_stream():
     service = continuous()
     first = service.handle([Incoming("http", req("a", n=8, stream=True), True)])
-    second = service.handle([Incoming("http", None, True), Incoming("grpc", req("k", n=4), False)])
-    rest = drive(service, [Incoming("http", None, True)])["http"]
-    assert "".join(p["text"] for p in ndjson([*first, second[0], *rest])) == "bcdefghi"
+    rest = drive(service, [Incoming("http", None, True), Incoming("grpc", req("k", n=4), False)])
+    assert all(r.more for r in rest["http"][:4]), "a piece a call while the gRPC call is held"
+    assert "".join(p["text"] for p in ndjson([*first, *rest["http"]])) == "bcdefghi"
+    assert json.loads(rest["grpc"][-1].body)["text"] == "lmno"
 
 
 def timed(call_seconds: float, step_seconds: float = 0.010, sink: RecordingSink | None = None) -> ContinuousService:

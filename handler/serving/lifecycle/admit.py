@@ -43,7 +43,7 @@ class Admission:
             self._check_schema(req.params.json_schema, "`tools`" if req.tools else "`response_format`")
         except RequestError as err:
             return self._refused("invalid_request", err.message, err.status)
-        self._add(inc, req, self.resume.key_for(req))
+        self._add(inc, req, self.resume.key_for(req, inc.http))
         return None
 
     def _admit_resumed(self, inc: Incoming, point: ResumePoint) -> Reply | None:

@@ -3,13 +3,17 @@ and sent as they come, then its last reply; a finished request leaves the table 
 
 Transport rules come from TorchServe 0.12.0's frontend:
 - HTTP: a reply marked `more=True` opens a chunked response; `more=False` ends it; `more=None` is
-  a whole response (the only form that may carry a 4xx, and the only form allowed for a request
-  answered in its first call).
+  a whole response (the only form that may carry a 4xx or a 503, and the only form allowed for a
+  request answered in its first call).
 - gRPC (no HTTP headers): in continuous mode the frontend completes a unary call on its first
-  reply and drops a stream after its first reply, so gRPC requests are finished inside the call
-  that admits them (one reply, `more=False`). Token-by-token gRPC streaming needs dynamic mode.
+  reply and drops a stream after its first reply. Token-by-token gRPC streaming needs dynamic mode.
   In every mode a gRPC call's last reply is `more=False` (`last`): StreamPredictions ends on
   nothing else, and a stream's only reply without it makes the frontend fail the worker.
+- In continuous mode a call may leave a request unanswered (`next_piece` gives None): the frontend
+  keeps it, sends it again (body and all) with the next call, and sends its client nothing. So a
+  whole answer (a non-streaming HTTP request, any gRPC call) is held until its end and goes out as
+  one response, while the other requests keep stepping: its status is still open, so a cut one is
+  a whole 503 that a load balancer can retry on another replica.
 """
 from __future__ import annotations
 
@@ -29,21 +33,20 @@ class Replies:
     def __init__(self, live: dict[str, Live], model: str, token_text: Callable[[int], str], clock: Callable[[], float]):
         self.live, self.model, self.token_text, self.clock = live, model, token_text, clock
 
-    def next_piece(self, request_id: str) -> Reply:
+    def next_piece(self, request_id: str) -> Reply | None:
         """Continuous mode's reply to one call: what the request's client has not been sent yet,
-        its last reply once it finished (it leaves the table)."""
+        its last reply once it finished (it leaves the table); None for a whole answer not yet
+        finished (held: no reply this call)."""
         live = self.live[request_id]
         done = live.finish_reason is not None
+        if not (live.http and live.req.stream):
+            return self.finish(request_id) if done else None
         if done:
             del self.live[request_id]
-        if live.cut or not live.http or (done and not live.opened):
+        if live.cut or (done and not live.opened):
             return self.last(live)
         live.opened = True
-        ctype = self._format(live).content_type(live.req.stream)
-        if not live.req.stream:
-            # A non-streaming HTTP client still rides the chunked response: empty pieces until the end.
-            return Reply(self._whole(live) if done else "", content_type=ctype, more=not done)
-        return Reply(self._stream_body(live), content_type=ctype, more=not done)
+        return Reply(self._stream_body(live), content_type=self._format(live).content_type(True), more=not done)
 
     def streamed(self, live: Live) -> Reply | None:
         """A running stream's pieces not yet sent, as one more=True reply (None when there are none)."""
@@ -84,17 +87,16 @@ class Replies:
         return Reply(error_body(message, 500), 500, fmt.content_type(live.req.stream), None)
 
     def _cut(self, live: Live) -> Reply:
-        """A cut request's: a 503, or on a stream already sent, its pieces and a last event that
-        says where to resume (or to retry)."""
-        if not live.opened:
-            return Reply(error_body(CUT_MESSAGE, 503), 503, more=None if live.http else False)
+        """A cut request's: a 503 (a recorded gRPC call's says where to resume), or on a stream
+        already sent, its pieces and a last event that says where to resume (or to retry)."""
         fmt = self._format(live)
-        ctype = fmt.content_type(live.req.stream)
-        if not live.req.stream:  # a whole answer riding a chunked response: its body is the error
-            return Reply(error_body(CUT_MESSAGE, 503), content_type=ctype, more=False)
-        end = (fmt.error_event(CUT_MESSAGE, 503) if live.resume_id is None
-               else fmt.resume_event(RESUME_MESSAGE.format(id=live.resume_id), live.resume_id))
-        return Reply(self._take_pieces(live) + end, content_type=ctype, more=False)
+        if live.resume_id is not None:
+            end = fmt.resume_event(RESUME_MESSAGE.format(id=live.resume_id), live.resume_id)
+        else:
+            end = fmt.error_event(CUT_MESSAGE, 503) if live.opened else error_body(CUT_MESSAGE, 503)
+        if not live.opened:  # only a stream is opened before its end
+            return Reply(end, 503, more=None if live.http else False)
+        return Reply(self._take_pieces(live) + end, content_type=fmt.content_type(True), more=False)
 
     def _whole(self, live: Live) -> str:
         if live.req.stream:

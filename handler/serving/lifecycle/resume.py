@@ -2,7 +2,9 @@
 id scheme), hooked into a request's life at admission and at the cut.
 
 A stream is resumable when this replica has a resume store: its events carry ids (`<key>.<point>`,
-a point per sample). At a cut its record is written (`record_cut`) before the final event; a
+a point per sample). So is a gRPC call, answered whole at its end (handler.serving.lifecycle.reply):
+its cut reply names an id whose points are 0 (its client holds nothing), and its resume is answered
+whole, as a native stream's lines. At a cut its record is written (`record_cut`) before the final event; a
 request with `Last-Event-ID`, or the native body's `resume`, becomes the recorded request, each
 sample going on from the characters its client holds (`resumed`): a running one in the engine, a
 finished one by sending what its client missed of it. A sample with tools rebuilds its parser from
@@ -133,15 +135,17 @@ class Resumption:
                                      recorded.sent))
         return sample
 
-    def key_for(self, req: GenerationRequest) -> str | None:
-        """A new stream's key, when this replica can record it."""
-        return new_key() if self.records is not None and req.stream else None
+    def key_for(self, req: GenerationRequest, http: bool) -> str | None:
+        """A new stream's or gRPC call's key, when this replica can record it. A non-streaming HTTP
+        request has none: a balancer sends its cut (a whole 503) again, and it runs anew."""
+        return new_key() if self.records is not None and (req.stream or not http) else None
 
     @staticmethod
     def wants_record(live: Live) -> bool:
-        """A stream cut now leaves a record: it has a key, its client has been sent pieces, and its
-        samples are where the engine (or its record) says."""
-        return live.key is not None and live.opened and (live.started or live.resume is not None)
+        """A request cut now leaves a record: it has a key, its client has been sent pieces (or is
+        a gRPC call's, sent nothing until its end), and its samples are where the engine (or its
+        record) says."""
+        return live.key is not None and (live.opened or not live.http) and (live.started or live.resume is not None)
 
     def record_cut(self, cut: list[tuple[Live, list[Continuation]]]) -> None:
         """Write each cut stream's record (`wants_record`; its running samples' continuations):
@@ -172,7 +176,7 @@ class Resumption:
         except ResumeError as err:
             log.error("resume: stream %s is not resumable: %s", live.key, err)
             return None
-        return event_id(live.key, points)
+        return event_id(live.key, points if live.opened else [0] * len(points))  # a gRPC call's client holds nothing
 
 
 def _check(record: ResumeRecord, point: ResumePoint, api: str, limits: Limits) -> None:

@@ -17,16 +17,14 @@ class Starts:
     def waiting(self) -> bool:
         return any(self._waits(live) for live in self.live.values())
 
-    def start_waiting(self, grpc_waits: bool = True) -> dict[str, Reply]:
+    def start_waiting(self) -> dict[str, Reply]:
         """Start waiting requests in arrival order while they fit; the replies of those that could
-        not start, by request id. A gRPC request that cannot wait (`grpc_waits` false: continuous
-        mode, handler.serving.lifecycle.reply) is started unchecked, and refused with a 503 when
-        the engine is full."""
+        not start, by request id."""
         refused, blocked = {}, False
         for request_id, live in list(self.live.items()):
             if not self._waits(live):
                 continue
-            if (not blocked and self._fits(live)) or not (live.http or grpc_waits):
+            if not blocked and self._fits(live):
                 if (refusal := self._start(request_id)) is not None:
                     refused[request_id] = refusal
             else:

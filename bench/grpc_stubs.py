@@ -1,4 +1,5 @@
-"""Generate Python gRPC stubs from tests/support/proto at test time (grpcio-tools)."""
+"""Python gRPC stubs of TorchServe's inference API, generated from bench/proto at run time
+(grpcio-tools): for the e2e tests and bench.chaos's gRPC calls."""
 from __future__ import annotations
 
 import importlib
