@@ -25,7 +25,7 @@ SERVED = "llm"
 TOKENS = 96  # long enough to be running still when the cut comes
 SSE = {"model": SERVED, "prompt": "Write a long story about a lighthouse keeper.", "max_tokens": TOKENS,
        "temperature": 0, "stream": True, "ignore_eos": True}
-WHOLE = {"model": SERVED, "prompt": "Write a long story about a storm at sea.", "max_tokens": TOKENS, "temperature": 0,
+WHOLE = {"model": SERVED, "prompt": "Write a long story about a storm at sea.", "max_tokens": 128, "temperature": 0,
          "ignore_eos": True}
 NATIVE = {"prompt": "List the planets of the solar system, one per line:", "max_new_tokens": TOKENS, "stream": True,
           "ignore_eos": True}
@@ -134,12 +134,16 @@ def test_a_cut_non_streaming_answer_is_a_whole_503_that_another_replica_answers(
     got: list[requests.Response] = []
     sender = threading.Thread(target=lambda: got.append(post(ts, "a", "v1/completions", WHOLE)))
     sender.start()
-    time.sleep(1.0)  # admitted and generating: held, nothing sent yet
+    time.sleep(0.5)  # admitted before the stream below, which shows A stepping both (the answer is held)
+    beside = lines_of(post(ts, "a", "v1/completions", SSE))
+    sse_events(beside, stop_after=3)
     assert sender.is_alive(), "still generating when the cut comes"
     flag_cutter(flag)()
+    sse_events(beside)
     sender.join(60)
     flag.unlink()
     [cut] = got
-    assert cut.status_code == 503 and "retry on another replica" in cut.json()["error"]["message"]
+    assert cut.status_code == 503, "a whole 503, not an error under a 200"
+    assert "was cut before it finished; retry on another replica" in cut.json()["error"]["message"]
     retried = post(ts, "b", "v1/completions", WHOLE)  # what a balancer that retries 503s sends
-    assert retried.status_code == 200 and retried.json()["usage"]["completion_tokens"] == TOKENS
+    assert retried.status_code == 200 and retried.json()["usage"]["completion_tokens"] == WHOLE["max_tokens"]
