@@ -14,7 +14,10 @@ The configuration is what an operator would deploy in front of this package:
 
 A second frontend (`pinned`, the same servers, checks and retries) sends every request to the
 first server while it is up (`balance first`): the chaos run's way to put a request on the replica
-about to be noticed, as a balancer's pick may, and still let HAProxy retry it elsewhere.
+about to be noticed, as a balancer's pick may, and still let HAProxy retry it elsewhere. Its
+requests are non-streaming, whose bytes all come at their end: its `timeout server` is the longest
+generation's (WHOLE_ANSWER_S), not a stream's idle 120 s (a first run's 600-token answers, retried
+onto the loaded survivor, took longer than that and were answered 504).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Backend:
     check_port: int  # the sidecar's port (/ready)
 
 
+WHOLE_ANSWER_S = 900
 CONFIG = """\
 global
     maxconn 2048
@@ -75,6 +79,7 @@ frontend pinned
 
 backend first_up
     balance first
+    timeout server {whole_answer_s}s
     option httpchk GET /ready
     http-check expect status 200
     default-server inter {check_ms}ms fall 1 rise 2
@@ -112,6 +117,7 @@ class HAProxy:
         servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} check port {b.check_port}"
                             for b in backends)
         self.config_path.write_text(CONFIG.format(port=self.port, pinned_port=self.pinned_port, stats_port=self.stats_port,
+                                                  whole_answer_s=WHOLE_ANSWER_S,
                                                   check_ms=check_ms, servers=servers))
         first_line = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True).stdout.split()
         self.version = " ".join(first_line[:3])  # "HAProxy version 2.6.12-1+deb12u3"

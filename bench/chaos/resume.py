@@ -38,6 +38,7 @@ from typing import Any
 import grpc
 import requests
 
+from bench.chaos.haproxy import WHOLE_ANSWER_S
 from bench.chaos.replica import MODEL
 from bench.grpc_stubs import load_inference_stubs
 
@@ -128,7 +129,8 @@ def run(targets: Targets, stubs, stream: LongStream, until: float) -> None:
                 last = _call_grpc(targets.first_grpc if first else targets.grpc, request, stubs, stream)
             else:
                 to = targets.url if not first else targets.pinned_url if stream.kind == "non_streaming" else targets.first_url
-                last = _send(to + ROUTES[stream.kind], request, headers, stream)
+                last = _send(to + ROUTES[stream.kind], request, headers, stream,
+                             WHOLE_ANSWER_S if stream.kind == "non_streaming" else 120.0)
         except (requests.RequestException, grpc.RpcError, ValueError) as err:
             stream.error = f"{type(err).__name__}: {str(err)[:160]}"
             return
