@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import yaml
@@ -135,9 +136,10 @@ class Server:
 
 
 Key = tuple[str, str]  # (system, label): ("ours", precision) or ("llama.cpp", GGUF type)
+K = TypeVar("K")  # a server's key in turns: a Key here, a name in bench.contention
 
 
-def turns(keys: list[Key], concurrency: list[int], requests: list[int], rounds: int) -> list[tuple[int, int, Key]]:
+def turns(keys: list[K], concurrency: list[int], requests: list[int], rounds: int) -> list[tuple[int, int, K]]:
     """(level, requests, server) in the order they are measured: level by level, each server once a
     round, the order reversed every other round (neither side always runs right after the other)."""
     return [(c, n, key) for c, n in zip(concurrency, requests, strict=True)

@@ -305,7 +305,8 @@ def markdown(r: dict[str, Any]) -> str:
         failures += "\n\n" + NON_STREAMING.format(retries=lb.get("pinned_retries"), redispatches=lb.get("pinned_redispatches"))
     return f"""# Chaos run: a spot interruption under load, a killed worker, and a load balancer
 
-One command, about four minutes on a 2-core CPU machine:
+One command, about twenty minutes on a 2-core CPU machine (most of it the long requests:
+resumed on the loaded survivor, then run again on a fresh replica for their reference):
 
     {r['command']}
 

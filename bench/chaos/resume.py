@@ -122,7 +122,8 @@ class LongStreams:
 
 
 def run(targets: Targets, stubs, stream: LongStream, until: float) -> None:
-    request, headers, first = body(stream.kind, stream.prompt), {}, True
+    request, first = body(stream.kind, stream.prompt), True
+    headers: dict[str, str] = {}
     while time.time() < until:
         try:
             if stream.kind == "grpc":

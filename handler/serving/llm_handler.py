@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -103,7 +103,7 @@ class LLMHandler(BaseHandler):
         # One error boundary: bad requests were answered per request inside the service; what
         # reaches here is a server fault, reported for the whole batch.
         try:
-            replies = cast("list[Reply | None]", self.service.handle(batch, send))
+            replies = cast("Sequence[Reply | None]", self.service.handle(batch, send))
         except Exception as err:
             log.exception("generation failed")
             self.service.abandon([inc.request_id for inc in batch])
@@ -185,7 +185,7 @@ def _header(headers: dict, name: str) -> str | None:
     return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
 
 
-def _apply(replies: list[Reply | None], context) -> list[str]:
+def _apply(replies: Sequence[Reply | None], context) -> list[str]:
     for idx, reply in enumerate(replies):
         if reply is None:
             # Held: TorchServe answers only the ids left in this map (the one its response is built
@@ -198,8 +198,8 @@ def _apply(replies: list[Reply | None], context) -> list[str]:
     # TorchServe asks each criterion "is this request done?" to set ts_stream_next ("true": more
     # to come, in continuous mode; "false": the end, which gRPC StreamPredictions needs in every
     # mode); None means a whole (non-chunked) response.
-    context.stopping_criteria = [_criterion(r.more if r else None) for r in replies]
-    return [r.body if r else "" for r in replies]
+    context.stopping_criteria = [_criterion(None if r is None else r.more) for r in replies]
+    return ["" if r is None else r.body for r in replies]
 
 
 def _criterion(more: bool | None):

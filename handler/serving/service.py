@@ -5,7 +5,7 @@ stages (handler.serving.lifecycle: admit, start, step, reply, end) its own way; 
 TorchServe."""
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from handler.serving.live import Incoming, Reply, SendPartial
@@ -15,7 +15,7 @@ class Service(Protocol):
     def start(self) -> None:
         """Called once, on the thread that built the engine (LoopService starts its engine thread)."""
 
-    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> list[Reply | None] | Awaitable[list[Reply]]:
+    def handle(self, batch: list[Incoming], send_partial: SendPartial) -> Sequence[Reply | None] | Awaitable[list[Reply]]:
         """One TorchServe call's requests: their replies, by batch index (an awaitable of them in
         asyncCommunication mode; None: no reply this call, continuous mode's held request);
         streamed pieces go through `send_partial` where the mode sends them between replies."""
