@@ -117,10 +117,11 @@ def measure(servers: dict[str, peer.Server], condition: str, args) -> dict[str, 
     taking turns (`--rounds` turns each; beside the nice-0 process one)."""
     keys = [key for key in servers if key != "ours_before" or condition in args.before_conditions]
     rounds = 1 if condition == "nice0" else args.rounds
+    before_requests = dict(zip(args.concurrency, args.before_requests, strict=True))
     loads: dict[str, dict[int, list]] = {key: {c: [] for c in args.concurrency} for key in keys}
     for c, n, key in peer.turns(keys, args.concurrency, args.requests, rounds):
         if key == "ours_before" and condition != "quiet":  # tokens come seconds apart there
-            n = dict(zip(args.concurrency, args.before_requests, strict=True))[c]
+            n = before_requests[c]
         headers = {**servers[key].headers, "Connection": "close"}
         loads[key][c].append(run_load(servers[key].url, headers, peer.bodies(n, args), c, stream=True))
     return {key: [peer.level_summary((key, condition), c, one, args) for c, one in levels.items()]

@@ -144,11 +144,11 @@ def lb_summary(lb: Any) -> dict[str, Any]:
         "error_samples": sorted({r.error[:120] for r in lb.records if r.error})[:5],
         "requests_sent_after_notice": sum(1 for r in lb.records if r.start >= lb.notice_at),
         "completed_after_notice": sum(1 for r in lb.records if r.outcome == "completed" and r.end >= lb.notice_at),
-        "haproxy_retries": sum(int(s.get("wretr") or 0) for s in servers.values()),
-        "haproxy_redispatches": sum(int(s.get("wredis") or 0) for s in servers.values()),
+        "haproxy_retries": _total(servers, "wretr"),
+        "haproxy_redispatches": _total(servers, "wredis"),
         # the non_streaming requests' (HAProxy's `pinned` frontend): cut, or refused, and sent again
-        "pinned_retries": sum(int(s.get("wretr") or 0) for s in lb.pinned.values()),
-        "pinned_redispatches": sum(int(s.get("wredis") or 0) for s in lb.pinned.values()),
+        "pinned_retries": _total(lb.pinned, "wretr"),
+        "pinned_redispatches": _total(lb.pinned, "wredis"),
         "sent_to_server": {name: int(s.get("stot") or 0) for name, s in servers.items()},
         "noticed_down_after_notice_seconds": _after(lb.down_at, lb.notice_at),
         "notice_to_stopped_seconds": round(lb.stopped_at - lb.notice_at, 2),
@@ -157,6 +157,11 @@ def lb_summary(lb: Any) -> dict[str, Any]:
         "noticed_torchserve_exit_code": lb.torchserve_exit_code,
         "haproxy": lb.haproxy_version,
     }
+
+
+def _total(servers: dict[str, dict[str, str]], column: str) -> int:
+    """A column of HAProxy's stats CSV summed over a backend's servers (an empty cell is 0)."""
+    return sum(int(s.get(column) or 0) for s in servers.values())
 
 
 def security_summary(checks: dict[str, Any]) -> dict[str, Any]:

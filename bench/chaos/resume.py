@@ -171,7 +171,8 @@ def _send(url: str, request: dict[str, Any], headers: dict[str, str], stream: Lo
         return _read_sse(response, stream)
 
 
-def _call_grpc(target: str, request: dict[str, Any], stubs, stream: LongStream, wait_s: float = 600.0) -> dict | None:
+def _call_grpc(target: str, request: dict[str, Any], stubs, stream: LongStream,
+               wait_s: float = WHOLE_ANSWER_S) -> dict | None:
     """A gRPC call's reply (the whole answer, or a resumed call's lines), read as NDJSON lines;
     None for a 503 without a resume id (refused before it was accepted)."""
     pb, pb_grpc = stubs
