@@ -279,8 +279,9 @@ def plot(r: dict, path: Path) -> None:
 
     first = next(iter(r["runs"]))
     panels = [p for p in ("throughput", "long", "mixed") if p in r["parts"]] + ["rss"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
-    for ax, panel in zip(axes, panels, strict=True):
+    # squeeze=False: one panel (`--parts short`) is still a row of axes
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
         bars: dict[str, list[float]] = {}
         if panel == "throughput":
             labels = [f"{t} c{c}" for t in r["runs"] for c, _ in THROUGHPUT]

@@ -3,7 +3,7 @@ side's faster GGUF type), and the long context counted as served only when ours 
 that long."""
 from __future__ import annotations
 
-from bench.scale import parse_args, targets
+from bench.scale import parse_args, plot, targets
 
 START = {"cold": {"compiled_after_s": 300.0, "since_start_s": {"ready": 20.0, "compiled": 310.0}},
          "warm": {"compiled_after_s": 5.0, "since_start_s": {"ready": 15.0, "compiled": 25.0}}}
@@ -56,3 +56,11 @@ def test_a_run_with_other_activations_keeps_its_own_keys_and_file():
     assert args.out == "scale_8b_int8" and "activations=int8" in args.handler_set
     assert got["ratio_8b_int8_c1"] == 1.0 and "ratio_8b_c1" not in got
     assert parse_args(["--model", "8b"]).out == "scale_8b"
+
+
+def test_a_run_of_the_short_part_alone_plots_its_one_panel(tmp_path):
+    result = {"runs": {"Q4_0": {"ours": _side({}), "llama.cpp": _side({})}}, "parts": ["short"], "long_tokens": [],
+              "kv_budget_tokens": 20480, "model": "Llama-3.2-1B body", "llama_cpp": {"commit": "0c1e570"},
+              "versions": {"machine": "AMD EPYC", "cpu_profile": "avx2"}}
+    plot(result, tmp_path / "scale.png")
+    assert (tmp_path / "scale.png").stat().st_size > 0
